@@ -1,0 +1,114 @@
+"""Reading and writing HF checkpoint folders: safetensors only, never pickle, never remote code."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message says what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved checkpoint: where its files are and where they came from."""
+
+    folder: Path
+    ref: str  # what the user passed: a path or a hub id
+    revision: str | None  # hub commit, when downloaded
+    config: dict
+
+
+def resolve(ref: str, role: str, revision: str | None = None) -> Source:
+    """Turn a local folder or a hub id into a Source with its config.json read."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        folder, rev = path, None
+    elif _looks_like_hub_id(ref):
+        folder, rev = _download(ref, role, revision)
+    else:
+        raise CheckpointError(f"{role} checkpoint {ref!r} does not exist; pass a local HF checkpoint folder or a hub id")
+    if not folder.is_dir():
+        raise CheckpointError(f"{role} checkpoint {folder} is not a folder; pass the folder that holds config.json")
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{role} checkpoint {folder} has no config.json; pass an HF checkpoint folder")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from e
+    return Source(folder=folder, ref=ref, revision=rev, config=config)
+
+
+def _looks_like_hub_id(ref: str) -> bool:
+    parts = ref.split("/")
+    return len(parts) == 2 and all(parts) and not ref.startswith((".", "/", "~"))
+
+
+def _download(repo_id: str, role: str, revision: str | None) -> tuple[Path, str | None]:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise CheckpointError(f"{role} {repo_id!r} looks like a hub id but huggingface_hub is not installed") from e
+    try:
+        folder = snapshot_download(repo_id, revision=revision, allow_patterns=CHECKPOINT_FILES)
+    except Exception as e:  # network, auth and missing-repo errors all end here
+        raise CheckpointError(
+            f"could not download {role} {repo_id!r} ({type(e).__name__}); download it elsewhere and pass the local folder"
+        ) from e
+    folder = Path(folder)
+    return folder, folder.name  # snapshot folders are named by commit hash
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / n for n in names]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        hint = f" (found {', '.join(pickles)}: pickle checkpoints are refused, convert them to safetensors)" if pickles else ""
+        raise CheckpointError(f"{folder} has no .safetensors weights{hint}")
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"{folder} is missing weight shard {missing[0].name}; re-download the checkpoint")
+    return files
+
+
+def load_tensors(folder: Path, prefix: str, strip: str) -> dict:
+    """Load every tensor whose key starts with prefix, renaming prefix to strip."""
+    from safetensors import safe_open
+
+    state = {}
+    for f in safetensors_files(folder):
+        with safe_open(str(f), framework="pt") as sf:
+            for key in sf.keys():
+                if key.startswith(prefix):
+                    state[strip + key[len(prefix):]] = sf.get_tensor(key)
+    return state
+
+
+def write_checkpoint(folder: Path, config: dict, state: dict, generation: dict) -> None:
+    """Write an HF checkpoint folder: config.json, model.safetensors, generation_config.json."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    import transformers
+
+    config = {**config, "dtype": "float32", "transformers_version": transformers.__version__}
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    state = {k: v.contiguous() for k, v in state.items() if not _is_tied_head(k, state)}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    gen = {**generation, "transformers_version": transformers.__version__}
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+
+def _is_tied_head(key: str, state: dict) -> bool:
+    return key == "lm_head.weight" and "model.embed_tokens.weight" in state and (
+        state[key].data_ptr() == state["model.embed_tokens.weight"].data_ptr())

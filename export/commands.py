@@ -1,0 +1,86 @@
+"""`mtpkit make-tiny` and `mtpkit export`: flags -> frozen config -> one library call. torch loads lazily."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+log = logging.getLogger("mtpkit")
+
+EXPORT_EPILOG = """TARGET and --drafter are local HF checkpoint folders or hub ids (safetensors only; no remote code).
+Both hub layouts load: gemma4 (Gemma4ForConditionalGeneration; the text path is exported) and gemma4_text.
+
+DIR receives manifest.json (the contract read by the runtimes), target.onnx + embeddings.bin, drafter.onnx,
+the tokenizer, reference.json/.npz (transformers outputs for `mtpkit parity`) and graph_parity.json.
+The export is written to a temporary folder and renamed into place only after every graph matched PyTorch.
+
+example:
+  mtpkit export google/gemma-4-E2B-it --drafter google/gemma-4-E2B-it-assistant --out e2b-onnx
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    if name == "make-tiny":
+        from .tiny import HEADS, LAYOUTS, SHAPES
+
+        p.add_argument("out", type=Path, help="folder to create; receives target/ and drafter/")
+        p.add_argument("--layout", choices=LAYOUTS, default="gemma4", help="target hub layout (default gemma4)")
+        p.add_argument("--shape", choices=SHAPES, default="e2b", help="structure to mimic (default e2b)")
+        p.add_argument("--head", choices=HEADS, default="centroid", help="drafter LM head (default centroid)")
+        p.add_argument("--k-eq-v", action="store_true", help="attention_k_eq_v on full-attention layers")
+        p.add_argument("--sliding-window", type=int, default=8, help="sliding window W (default 8)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--force", action="store_true", help="replace an existing folder")
+        return
+    p.epilog = EXPORT_EPILOG
+    p.add_argument("target", help="target checkpoint: local folder or hub id")
+    p.add_argument("--drafter", required=True, help="drafter (-assistant) checkpoint: local folder or hub id")
+    p.add_argument("--out", required=True, type=Path, help="export folder to create")
+    p.add_argument("--backend", default="onnx", help="comma-separated graph formats (default onnx)")
+    p.add_argument("--max-cache-len", type=int, default=4096, help="KV capacity in tokens (default 4096)")
+    p.add_argument("--quant", default="none", help="quantization recipe (default none)")
+    p.add_argument("--target-revision", help="hub revision of the target")
+    p.add_argument("--drafter-revision", help="hub revision of the drafter")
+    p.add_argument("--reference-tokens", type=int, default=32, help="new tokens per reference prompt (default 32)")
+    p.add_argument("--no-check", dest="check", action="store_false", help="skip the graph-vs-PyTorch check")
+    p.add_argument("--force", action="store_true", help="replace DIR if it exists")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "make-tiny":
+        return _make_tiny(args)
+    from .config import ExportConfig
+
+    cfg = ExportConfig(target=args.target, drafter=args.drafter, out=args.out, backend=args.backend,
+                       force=args.force, max_cache_len=args.max_cache_len, quant=args.quant,
+                       target_revision=args.target_revision, drafter_revision=args.drafter_revision,
+                       reference_tokens=args.reference_tokens, check=args.check)
+    from mtpkit.cli import CommandError
+
+    from .pipeline import export_model
+    from .verify import GraphParityError
+
+    try:
+        out = export_model(cfg)
+    except GraphParityError as e:
+        raise CommandError(str(e)) from e
+    print(out)
+    return 0
+
+
+def _make_tiny(args) -> int:
+    import shutil
+
+    from .tiny import TinySpec, make_tiny
+
+    spec = TinySpec(shape=args.shape, layout=args.layout, head=args.head, k_eq_v=args.k_eq_v,
+                    sliding_window=args.sliding_window, seed=args.seed)
+    if args.out.exists():
+        if not args.force:
+            raise ValueError(f"{args.out} already exists; pass --force to replace it")
+        shutil.rmtree(args.out)
+    target, drafter = make_tiny(args.out, spec)
+    print(f"target:  {target}\ndrafter: {drafter}", file=sys.stdout)
+    return 0

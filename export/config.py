@@ -1,0 +1,53 @@
+"""ExportConfig: validated once, loudly, then frozen. Each field maps 1:1 to an `mtpkit export` flag."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+BACKENDS = ("onnx",)
+PLANNED_BACKENDS = ("litert",)
+QUANT_RECIPES = ("none",)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    target: str  # local HF checkpoint folder or hub id (gemma4 or gemma4_text)
+    drafter: str  # local folder or hub id of the matching gemma4_assistant checkpoint
+    out: Path  # export folder; written atomically
+    backend: tuple[str, ...] = ("onnx",)  # graph formats to write
+    force: bool = False  # replace an existing out folder
+    max_cache_len: int = 4096  # KV capacity the runtime preallocates (prompt + generated tokens)
+    quant: str = "none"  # quantization recipe name
+    target_revision: str | None = None  # hub revision, for hub ids
+    drafter_revision: str | None = None
+    reference_tokens: int = 32  # new tokens per reference prompt recorded from transformers
+    check: bool = True  # verify every graph against PyTorch before declaring success
+
+    def __post_init__(self):
+        object.__setattr__(self, "out", Path(self.out))
+        backends = tuple(b.strip() for b in self.backend) if not isinstance(self.backend, str) else tuple(
+            b.strip() for b in self.backend.split(","))
+        object.__setattr__(self, "backend", backends)
+        for b in backends:
+            if b in PLANNED_BACKENDS:
+                raise ValueError(f"backend {b!r} is not implemented in this mtpkit version yet; use --backend onnx")
+            if b not in BACKENDS:
+                raise ValueError(f"unknown backend {b!r}{_did_you_mean(b, BACKENDS)}; choose from {', '.join(BACKENDS)}")
+        if self.quant not in QUANT_RECIPES:
+            raise ValueError(f"unknown quantization recipe {self.quant!r}{_did_you_mean(self.quant, QUANT_RECIPES)}; "
+                             f"choose from {', '.join(QUANT_RECIPES)}")
+        if self.max_cache_len < 16:
+            raise ValueError(f"--max-cache-len must be at least 16, got {self.max_cache_len}")
+        if self.reference_tokens < 1:
+            raise ValueError(f"--reference-tokens must be at least 1, got {self.reference_tokens}")
+        if self.out.exists() and not self.force:
+            raise ValueError(f"output folder {self.out} already exists; pass --force to replace it or choose another --out")
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"output path {self.out} exists and is not a folder; choose another --out")
+
+
+def _did_you_mean(value: str, choices) -> str:
+    close = difflib.get_close_matches(value, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,29 @@
+"""One adapter per model family, each with the same names (mlx-lm style): MODEL_TYPES, load, a step module.
+
+Nothing outside this package branches on model_type.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..checkpoint import CheckpointError, Source
+from . import gemma4_assistant, gemma4_text
+
+TARGETS: dict[str, ModuleType] = {t: gemma4_text for t in gemma4_text.MODEL_TYPES}
+DRAFTERS: dict[str, ModuleType] = {t: gemma4_assistant for t in gemma4_assistant.MODEL_TYPES}
+
+
+def target_adapter(source: Source) -> ModuleType:
+    return _pick(TARGETS, source, "target", "a Gemma 4 target (model_type gemma4 or gemma4_text)")
+
+
+def drafter_adapter(source: Source) -> ModuleType:
+    return _pick(DRAFTERS, source, "drafter", "a Gemma 4 MTP drafter (model_type gemma4_assistant)")
+
+
+def _pick(table: dict, source: Source, role: str, wanted: str) -> ModuleType:
+    model_type = source.config.get("model_type")
+    if model_type not in table:
+        raise CheckpointError(f"{role} {source.ref} has model_type {model_type!r}; mtpkit needs {wanted}")
+    return table[model_type]

@@ -1,0 +1,104 @@
+"""Gemma 4 MTP drafter ("-assistant" checkpoints): loading, compatibility checks and the exportable step.
+
+The drafter has no KV cache: each step reads the target's two store-layer K/V. The host passes exactly the
+entries the drafter may see (its hand-off mode decides which), so the graph needs no mask of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..checkpoint import CheckpointError, Source, load_tensors
+
+MODEL_TYPES = ("gemma4_assistant",)
+
+
+def load(source: Source) -> nn.Module:
+    from transformers import AutoConfig, Gemma4AssistantForCausalLM
+
+    config = AutoConfig.for_model(**source.config)
+    config.get_text_config()._attn_implementation = "eager"
+    with torch.device("meta"):
+        model = Gemma4AssistantForCausalLM(config)
+    state = load_tensors(source.folder, "", "")
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state and k != "lm_head.weight"]
+    if missing:
+        raise CheckpointError(f"drafter checkpoint {source.folder} lacks {len(missing)} weights, e.g. {missing[0]}")
+    for k, v in state.items():
+        if k in expected and tuple(v.shape) != tuple(expected[k].shape):
+            raise CheckpointError(f"drafter weight {k} has shape {tuple(v.shape)}, config expects {tuple(expected[k].shape)}")
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False, assign=True)
+    model.tie_weights()
+    text = model.model
+    text.rotary_emb = type(text.rotary_emb)(text.config)
+    text.embed_tokens.embed_scale = torch.tensor(text.config.hidden_size**0.5)
+    return model.float().eval()
+
+
+def check_compatible(target_config, drafter_config) -> None:
+    """Refuse a drafter that cannot read this target's activations and K/V."""
+    d = drafter_config.get_text_config()
+    t = target_config
+    problems = []
+    if drafter_config.backbone_hidden_size != t.hidden_size:
+        problems.append(f"backbone_hidden_size {drafter_config.backbone_hidden_size} != target hidden_size {t.hidden_size}")
+    if d.vocab_size != t.vocab_size:
+        problems.append(f"vocab_size {d.vocab_size} != target vocab_size {t.vocab_size}")
+    if d.sliding_window != t.sliding_window:
+        problems.append(f"sliding_window {d.sliding_window} != target {t.sliding_window}")
+    for layer_type in ("sliding_attention", "full_attention"):
+        ti = t.layer_types.index(layer_type)
+        di = d.layer_types.index(layer_type)
+        for attr in ("head_dim", "num_key_value_heads"):
+            tv, dv = getattr(t.per_layer_config[ti], attr), getattr(d.per_layer_config[di], attr)
+            if tv != dv:
+                problems.append(f"{layer_type} {attr} {dv} != target {tv}")
+    if problems:
+        raise CheckpointError("drafter does not match the target: " + "; ".join(problems) +
+                              "; pass the -assistant checkpoint released with this target")
+
+
+class DraftStep(nn.Module):
+    """(target embedding of the newest token, previous activations, pos, store-layer K/V) -> logits, activations.
+
+    inputs_embeds is E_target[token] * sqrt(H_target), looked up by the host in the target's own table.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.text_config = model.config.get_text_config()
+
+    def forward(self, inputs_embeds, activations, input_pos, full_key, full_value, sliding_key, sliding_value):
+        text = self.model.model
+        cfg = self.text_config
+        hidden = self.model.pre_projection(torch.cat([inputs_embeds, activations], dim=-1))
+        position_ids = input_pos.view(1, 1)
+        shared = {"full_attention": (full_key, full_value), "sliding_attention": (sliding_key, sliding_value)}
+        for i, layer in enumerate(text.layers[: cfg.num_hidden_layers]):
+            layer_type = cfg.layer_types[i]
+            rope = text.rotary_emb(hidden, position_ids, layer_type)
+            hidden = layer(hidden, None, shared_kv_states=shared, position_embeddings=rope, attention_mask=None,
+                           position_ids=position_ids, cache=None)
+        hidden = text.norm(hidden)
+        projected = self.model.post_projection(hidden)
+        if self.model.masked_embedding is not None:
+            logits = _centroid_logits(self.model.masked_embedding, hidden, self.model.lm_head.weight)
+        else:
+            logits = self.model.lm_head(hidden)
+        return logits, projected  # no softcap on drafter logits, whatever the config says (as HF)
+
+
+def _centroid_logits(head: nn.Module, hidden, lm_head_weight):
+    """HF's masked embedder with the data-dependent .item() replaced by a tensor min (same values)."""
+    centroid_logits = head.centroids(hidden)  # [1,1,C]
+    _, top = torch.topk(centroid_logits, k=head.centroid_intermediate_top_k, dim=-1)
+    per_cluster = head.token_ordering.long().view(head.num_centroids, head.vocab_size_per_centroid)
+    selected = per_cluster[top].reshape(-1)  # [top_k * V/C] canonical token ids
+    rows = lm_head_weight[selected]  # [N, D]
+    selected_logits = (hidden.reshape(1, -1) @ rows.t()).reshape(1, 1, -1)
+    fill = selected_logits.min() - 1.0
+    out = torch.zeros(1, 1, head.vocab_size, dtype=hidden.dtype) + fill
+    return out.scatter(-1, selected.view(1, 1, -1), selected_logits)

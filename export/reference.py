@@ -1,0 +1,82 @@
+"""Export-time reference from transformers, so that later parity checks need no torch.
+
+For each fixed prompt it records: the prompt ids, the target's logits at the last prompt position, plain
+greedy `generate()`, and `generate(assistant_model=drafter)` for several draft lengths together with the
+drafts transformers proposed in every round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+DRAFT_LENGTHS = (1, 2, 4, 8)
+PROMPTS = [
+    ("short", "Hi"),
+    ("code", "def fibonacci(n):\n    if n < 2:\n        return n\n"),
+    ("prose", "The quick brown fox jumps over the lazy dog. "),
+]
+LONG_TEXT = "Speculative decoding drafts several tokens and verifies them in one target pass. "
+
+
+def reference_prompts(encode, bos_id: int, sliding_window: int, chat_ids: list[int] | None) -> list[tuple[str, list[int]]]:
+    """Fixed prompts as token ids; one is longer than the sliding window so parity crosses it."""
+    prompts = [(name, [bos_id, *encode(text)]) for name, text in PROMPTS]
+    long_ids = [bos_id]
+    while len(long_ids) <= sliding_window + 8:
+        long_ids += encode(LONG_TEXT)
+    prompts.append(("long", long_ids))
+    if chat_ids:
+        prompts.append(("chat", chat_ids))
+    return prompts
+
+
+@contextlib.contextmanager
+def record_drafts():
+    """Record the drafts transformers' Gemma 4 candidate generator proposes (undone on exit).
+
+    Scoped to transformers 5.24's SinglePositionMultiTokenCandidateGenerator.get_candidates.
+    """
+    from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator as Gen
+
+    rounds: list[list[int]] = []
+    original = Gen.get_candidates
+
+    def wrapped(self, input_ids, *args, **kwargs):
+        candidate_ids, logits = original(self, input_ids, *args, **kwargs)
+        if logits is not None:
+            rounds.append(candidate_ids[0, input_ids.shape[1]:].tolist())
+        return candidate_ids, logits
+
+    Gen.get_candidates = wrapped
+    try:
+        yield rounds
+    finally:
+        Gen.get_candidates = original
+
+
+def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) -> tuple[dict, dict]:
+    """Run transformers on every prompt.
+
+    Returns:
+        (json-able reference dict, arrays for reference.npz)
+    """
+    entries, arrays = [], {}
+    gen = dict(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=eos_ids[0])
+    saved = drafter.generation_config.num_assistant_tokens
+    with torch.no_grad():
+        for name, ids in prompts:
+            x = torch.tensor([ids])
+            arrays[f"{name}.last_logits"] = target(x).logits[0, -1].numpy().astype(np.float32)
+            plain = target.generate(x, **gen)[0, len(ids):].tolist()
+            assisted = {}
+            for k in DRAFT_LENGTHS:
+                drafter.generation_config.num_assistant_tokens = k
+                with record_drafts() as rounds:
+                    out = target.generate(x, assistant_model=drafter, **gen)[0, len(ids):].tolist()
+                assisted[str(k)] = {"output_ids": out, "drafts": [list(r) for r in rounds]}
+            entries.append({"name": name, "prompt_ids": list(ids), "greedy_ids": plain, "assisted": assisted})
+    drafter.generation_config.num_assistant_tokens = saved
+    return {"max_new_tokens": max_new_tokens, "eos_ids": eos_ids, "prompts": entries}, arrays

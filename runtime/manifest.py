@@ -1,0 +1,170 @@
+"""manifest.json: the only contract between the exporter, the runtimes and the Android app.
+
+Everything a runtime needs (graph files, tensor names and roles, KV layout, token ids) is read from here;
+nothing is inferred from file names or tensor shapes. Bump SCHEMA_VERSION when a field changes meaning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """A manifest or export folder that cannot be used; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    role: str  # what the runtime binds: input_ids, input_pos, past_key, logits, ...
+    shape: list  # ints, or strings for dynamic dims ("T", "past")
+    dtype: str  # numpy dtype name
+    layer: int | None = None  # target layer index, for KV tensors
+
+
+@dataclass(frozen=True)
+class Signature:
+    graph: str  # key into Manifest.graphs
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    num_tokens: int | None = None  # static token count, None when dynamic
+    backend_name: str | None = None  # the graph's own signature name (LiteRT); None for ONNX
+
+    def input(self, role: str, layer: int | None = None) -> TensorSpec:
+        return _find(self.inputs, role, layer)
+
+    def output(self, role: str, layer: int | None = None) -> TensorSpec:
+        return _find(self.outputs, role, layer)
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    layer: int
+    type: str  # sliding_attention | full_attention
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class GraphFile:
+    file: str
+    sha256: str
+    bytes: int
+    backend: str  # onnx | litert
+    data_files: dict = field(default_factory=dict)  # external data file -> sha256
+
+
+@dataclass(frozen=True)
+class Manifest:
+    schema_version: int
+    mtpkit_version: str
+    source: dict  # where target and drafter came from (path or hub id, revision)
+    model: dict  # vocab_size, hidden_size, sliding_window, num_layers, drafter_hidden_size, ...
+    tokens: dict  # bos, pad, eos (list)
+    tokenizer: dict  # file, chat_template_file
+    generation: dict  # num_assistant_tokens, max_cache_len
+    kv_cache: dict  # capacity, dtype, layers [KVLayer], drafter_layers {type: layer}
+    embedding: dict  # host-side table shared with the target graph: file, offset, shape, dtype, scale
+    graphs: dict[str, GraphFile]
+    signatures: dict[str, Signature]
+    quantization: dict
+    reference: dict | None = None
+    root: Path = field(default=Path("."), compare=False)
+
+    @property
+    def kv_layers(self) -> list[KVLayer]:
+        return [KVLayer(**d) for d in self.kv_cache["layers"]]
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return list(self.tokens["eos"])
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("root")
+        return d
+
+    def save(self, folder: Path) -> Path:
+        out = Path(folder) / MANIFEST_NAME
+        out.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict, root: Path = Path(".")) -> "Manifest":
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ManifestError(
+                f"manifest schema_version {d.get('schema_version')} is not supported (expected {SCHEMA_VERSION}); "
+                "re-export with this mtpkit version"
+            )
+        d = dict(d)
+        d["graphs"] = {k: GraphFile(**v) for k, v in d["graphs"].items()}
+        d["signatures"] = {k: _signature(v) for k, v in d["signatures"].items()}
+        return cls(**d, root=Path(root))
+
+
+def _signature(d: dict) -> Signature:
+    d = dict(d)
+    d["inputs"] = [TensorSpec(**t) for t in d["inputs"]]
+    d["outputs"] = [TensorSpec(**t) for t in d["outputs"]]
+    return Signature(**d)
+
+
+def _find(specs: list[TensorSpec], role: str, layer: int | None) -> TensorSpec:
+    for t in specs:
+        if t.role == role and (layer is None or t.layer == layer):
+            return t
+    raise ManifestError(f"manifest has no tensor with role {role!r}" + (f" for layer {layer}" if layer is not None else ""))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
+    """Read DIR/manifest.json; with verify, check every graph and data file against its sha256.
+
+    Raises:
+        ManifestError: missing folder or manifest, unsupported schema, missing or modified files.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise ManifestError(f"{root} is not a folder; pass the DIR written by 'mtpkit export'")
+    mpath = root / MANIFEST_NAME
+    if not mpath.is_file():
+        raise ManifestError(f"{root} has no {MANIFEST_NAME}; pass the DIR written by 'mtpkit export'")
+    try:
+        data = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{mpath} is not valid JSON ({e}); re-export the model") from e
+    try:
+        manifest = Manifest.from_dict(data, root)
+    except (TypeError, KeyError) as e:
+        raise ManifestError(f"{mpath} is malformed ({e}); re-export the model") from e
+    if verify:
+        verify_files(manifest)
+    return manifest
+
+
+def verify_files(manifest: Manifest) -> None:
+    for name, g in manifest.graphs.items():
+        for fname, digest in [(g.file, g.sha256), *g.data_files.items()]:
+            p = manifest.path(fname)
+            if not p.is_file():
+                raise ManifestError(f"{name} graph file {p} is missing; re-export the model")
+            if sha256_file(p) != digest:
+                raise ManifestError(
+                    f"{p} does not match the sha256 in manifest.json (modified or corrupt); re-export the model"
+                )

@@ -1,0 +1,57 @@
+"""Text <-> token ids from the manifest's tokenizer.json and chat template (tokenizers + jinja2 only)."""
+
+from __future__ import annotations
+
+from .manifest import Manifest, ManifestError
+
+
+class TextCodec:
+    def __init__(self, manifest: Manifest):
+        from tokenizers import Tokenizer
+
+        entry = manifest.tokenizer
+        self.tokenizer = Tokenizer.from_file(str(manifest.path(entry["file"])))
+        self.bos = manifest.tokens.get("bos")
+        self.add_bos = bool(entry.get("add_bos", True)) and self.bos is not None
+        self.template = None
+        if entry.get("chat_template_file"):
+            self.template = manifest.path(entry["chat_template_file"]).read_text()
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        """Token ids for a prompt; with chat, the text is one user turn in the model's chat template."""
+        if chat:
+            text = self.render_chat([{"role": "user", "content": text}])
+            return self.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes BOS itself
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if self.add_bos and (not ids or ids[0] != self.bos):
+            ids = [self.bos, *ids]
+        return ids
+
+    def render_chat(self, messages: list[dict]) -> str:
+        if self.template is None:
+            raise ManifestError("this export has no chat template; drop --chat or re-export from a checkpoint with one")
+        import jinja2
+
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        bos = self.tokenizer.id_to_token(self.bos) if self.bos is not None else ""
+        return env.from_string(self.template).render(messages=messages, add_generation_prompt=True, bos_token=bos)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+class StreamDecoder:
+    """Turns a growing list of ids into text deltas without splitting multi-byte characters."""
+
+    def __init__(self, codec: TextCodec):
+        self.codec = codec
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.codec.decode(self.ids)
+        if text.endswith("\ufffd"):  # incomplete UTF-8 sequence; wait for the next token
+            return ""
+        delta, self.emitted = text[len(self.emitted):], text
+        return delta
