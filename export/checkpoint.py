@@ -94,6 +94,19 @@ def load_tensors(folder: Path, prefix: str, strip: str) -> dict:
     return state
 
 
+def assign_state(model, state: dict, role: str, folder: Path) -> None:
+    """Load `state` into a meta-built model, refusing missing weights and shape mismatches by name."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state and k != "lm_head.weight"]
+    if missing:
+        raise CheckpointError(f"{role} checkpoint {folder} lacks {len(missing)} weights, e.g. {missing[0]}")
+    for k, v in state.items():
+        if k in expected and tuple(v.shape) != tuple(expected[k].shape):
+            raise CheckpointError(f"{role} weight {k} has shape {tuple(v.shape)}, config expects {tuple(expected[k].shape)}")
+    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False, assign=True)
+    model.tie_weights()
+
+
 def write_checkpoint(folder: Path, config: dict, state: dict, generation: dict) -> None:
     """Write an HF checkpoint folder: config.json, model.safetensors, generation_config.json."""
     from safetensors.torch import save_file

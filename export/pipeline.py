@@ -37,13 +37,13 @@ def export_model(cfg: ExportConfig) -> Path:
     target_src, drafter_src = resolve(cfg.target, "target", cfg.target_revision), resolve(
         cfg.drafter, "drafter", cfg.drafter_revision)
     tad, dad = target_adapter(target_src), drafter_adapter(drafter_src)
+    dad.check_compatible(tad.hf_config(target_src), dad.hf_config(drafter_src))  # before loading any weights
     _check_tokenizer(target_src)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cfg.out.name}.partial-", dir=cfg.out.parent))
     try:
         log.info("[1/5] loading target %s and drafter %s", cfg.target, cfg.drafter)
         target, drafter = tad.load(target_src), dad.load(drafter_src)
-        dad.check_compatible(target.config, drafter.config)
         log.info("[2/5] exporting ONNX graphs")
         manifest = _write_onnx(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src)
         log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)",

@@ -9,28 +9,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointError, Source, load_tensors
+from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
 
 MODEL_TYPES = ("gemma4_assistant",)
 
 
-def load(source: Source) -> nn.Module:
-    from transformers import AutoConfig, Gemma4AssistantForCausalLM
+def hf_config(source: Source):
+    from transformers import AutoConfig
 
-    config = AutoConfig.for_model(**source.config)
+    try:
+        config = AutoConfig.for_model(**source.config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"drafter config in {source.folder} is not a valid gemma4_assistant config: {e}") from e
     config.get_text_config()._attn_implementation = "eager"
+    return config
+
+
+def load(source: Source) -> nn.Module:
+    from transformers import Gemma4AssistantForCausalLM
+
+    config = hf_config(source)
     with torch.device("meta"):
         model = Gemma4AssistantForCausalLM(config)
     state = load_tensors(source.folder, "", "")
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state and k != "lm_head.weight"]
-    if missing:
-        raise CheckpointError(f"drafter checkpoint {source.folder} lacks {len(missing)} weights, e.g. {missing[0]}")
-    for k, v in state.items():
-        if k in expected and tuple(v.shape) != tuple(expected[k].shape):
-            raise CheckpointError(f"drafter weight {k} has shape {tuple(v.shape)}, config expects {tuple(expected[k].shape)}")
-    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False, assign=True)
-    model.tie_weights()
+    assign_state(model, state, "drafter", source.folder)
     text = model.model
     text.rotary_emb = type(text.rotary_emb)(text.config)
     text.embed_tokens.embed_scale = torch.tensor(text.config.hidden_size**0.5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointError, Source, load_tensors
+from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
 
 MODEL_TYPES = ("gemma4", "gemma4_text")
 NEG = torch.finfo(torch.float32).min
@@ -25,13 +25,24 @@ def text_config(source: Source) -> dict:
     return cfg
 
 
-def load(source: Source) -> nn.Module:
-    """Build Gemma4ForCausalLM in fp32 from either hub layout, loading only the text weights."""
-    from transformers import AutoConfig, Gemma4ForCausalLM
+def hf_config(source: Source):
+    """The transformers text config, from either hub layout."""
+    from transformers import AutoConfig
 
     text = {**text_config(source), "model_type": "gemma4_text"}
-    config = AutoConfig.for_model(**text)
+    try:
+        config = AutoConfig.for_model(**text)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"target config in {source.folder} is not a valid Gemma 4 text config: {e}") from e
     config._attn_implementation = "eager"
+    return config
+
+
+def load(source: Source) -> nn.Module:
+    """Build Gemma4ForCausalLM in fp32 from either hub layout, loading only the text weights."""
+    from transformers import Gemma4ForCausalLM
+
+    config = hf_config(source)
     with torch.device("meta"):
         model = Gemma4ForCausalLM(config)
     # gemma4 (multimodal) checkpoints keep the text model under model.language_model.
@@ -42,17 +53,9 @@ def load(source: Source) -> nn.Module:
 
 
 def _load_state(model: nn.Module, state: dict, source: Source) -> None:
-    expected = model.state_dict()
-    ignored = set(model.model._keys_to_ignore_on_load_unexpected)
+    ignored = set(model.model._keys_to_ignore_on_load_unexpected)  # k/v weights of KV-shared layers
     state = {k: v for k, v in state.items() if k.removeprefix("model.").rsplit(".", 1)[0] not in ignored}
-    missing = [k for k in expected if k not in state and k != "lm_head.weight"]
-    if missing:
-        raise CheckpointError(f"target checkpoint {source.folder} lacks {len(missing)} weights, e.g. {missing[0]}")
-    for k, v in state.items():
-        if k in expected and tuple(v.shape) != tuple(expected[k].shape):
-            raise CheckpointError(f"target weight {k} has shape {tuple(v.shape)}, config expects {tuple(expected[k].shape)}")
-    model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False, assign=True)
-    model.tie_weights()
+    assign_state(model, state, "target", source.folder)
     model.model.rotary_emb = type(model.model.rotary_emb)(model.config)  # meta-built buffers -> real
     model.model.embed_tokens.embed_scale = torch.tensor(model.config.hidden_size**0.5)
     if model.model.hidden_size_per_layer_input:

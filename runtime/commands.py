@@ -1,0 +1,95 @@
+"""`mtpkit run` and `mtpkit parity` (torch-free)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+RUN_EPILOG = """Streams text as it is produced; --json prints prompt ids, output ids, text and stats instead.
+Greedy by default (output identical to transformers). With --temperature > 0 drafts are sampled from the
+drafter's processed distribution and accepted with the rejection rule, so samples follow the target's own
+distribution exactly. Defaults for --num-assistant-tokens and --schedule come from the drafter's
+generation_config recorded in the manifest.
+
+examples:
+  mtpkit run DIR --prompt "def fib(n):" --max-new-tokens 64
+  mtpkit run DIR --prompt "Write a haiku" --chat --temperature 0.8 --top-p 0.95 --seed 1
+  mtpkit run DIR --prompt "hello" --no-mtp --json
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument("dir", type=Path, help="export folder written by 'mtpkit export'")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    if name == "parity":
+        p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
+        return
+    p.epilog = RUN_EPILOG
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--num-assistant-tokens", "-k", type=int, default=None, help="draft length k per round")
+    p.add_argument("--schedule", default=None, help="constant | heuristic (+2 after a fully accepted round, -1 otherwise)")
+    p.add_argument("--draft-cap", type=int, default=16, help="largest k the heuristic schedule may reach")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--no-mtp", dest="mtp", action="store_false", help="plain decoding, no drafter")
+    p.add_argument("--kv-handoff", default="clean", help="clean (committed K/V only) | hf (as transformers)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "parity":
+        return _parity(args)
+    from .engine import Engine, GenConfig
+    from .sampling import SamplingConfig
+    from .stats import Stats
+    from .tokenizer import StreamDecoder
+
+    cfg = GenConfig(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_assistant_tokens=args.num_assistant_tokens,
+                    schedule=args.schedule, draft_cap=args.draft_cap, kv_handoff=args.kv_handoff,
+                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
+    engine = Engine(args.dir, args.threads)
+    prompt_ids = engine.codec.encode(args.prompt, chat=args.chat)
+    stats, out = Stats(), []
+    stream = StreamDecoder(engine.codec)
+    for token, _ in engine.generate(prompt_ids, cfg, stats):
+        out.append(token)
+        if not args.json:
+            sys.stdout.write(stream.push(token))
+            sys.stdout.flush()
+    summary = stats.summary()
+    if args.json:
+        print(json.dumps({"prompt_ids": prompt_ids, "output_ids": out, "text": engine.codec.decode(out),
+                          "stats": summary}))
+    else:
+        print()
+        print(_stats_line(summary, cfg.mtp), file=sys.stderr)
+    return 0
+
+
+def _stats_line(s: dict, mtp: bool) -> str:
+    line = f"mtpkit: {s['new_tokens']} tokens, {s['tokens_per_s'] or 0:.1f} tok/s, ttft {s['ttft_ms']:.1f} ms"
+    if mtp and s["drafted"]:
+        line += (f", accepted {s['accepted']}/{s['drafted']} drafts ({100 * s['acceptance_rate']:.0f}%), "
+                 f"{s['tokens_per_target_call']:.2f} tokens per target call")
+    return line
+
+
+def _parity(args) -> int:
+    from .parity import run_parity
+
+    report = run_parity(args.dir, args.threads)
+    if args.json_file:
+        args.json_file.write_text(json.dumps(report, indent=2) + "\n")
+    for r in report["results"]:
+        if not r["ok"]:
+            print(f"MISMATCH [{r['prompt']}] {r['name']} (first at {r['first_mismatch']})", file=sys.stderr)
+    verdict = "PASS" if report["ok"] else "FAIL"
+    print(f"parity {verdict}: {report['checks'] - report['failed']}/{report['checks']} checks passed over "
+          f"{len(report['prompts'])} prompts, k in {report['draft_lengths']}")
+    return 0 if report["ok"] else 1

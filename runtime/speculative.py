@@ -1,0 +1,95 @@
+"""The draft-verify loop (one screen), the plain baseline on the same graphs, and draft-length schedules.
+
+Per round: the drafter proposes k tokens from the target's activations and store-layer K/V, the target
+verifies [newest, d1..dk] in one call, the sampler accepts a prefix plus one target token. Rollback of the
+rejected drafts is `pos` moving forward by only n + 1: their K/V slots are simply overwritten later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from .models import Drafter, Target
+from .stats import Stats
+
+SCHEDULES = ("constant", "heuristic")
+
+
+@dataclass
+class DraftSchedule:
+    """constant: always k. heuristic: +2 after a round where every draft was accepted, -1 otherwise (>= 1)."""
+
+    kind: str = "constant"
+    k: int = 4
+    cap: int = 16
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.kind!r}; use one of {', '.join(SCHEDULES)}")
+        if self.k < 1:
+            raise ValueError(f"number of draft tokens must be >= 1 (got {self.k}); use --no-mtp to disable drafting")
+        if self.cap < self.k:
+            raise ValueError(f"draft cap {self.cap} is below the initial draft length {self.k}")
+
+    def update(self, accepted: int, drafted: int) -> None:
+        if self.kind == "heuristic":
+            self.k = min(self.cap, self.k + 2) if accepted == drafted else max(1, self.k - 1)
+
+
+def speculative_generate(target: Target, drafter: Drafter, prompt: list[int], sampler, schedule: DraftSchedule,
+                         max_new_tokens: int, eos_ids, kv_handoff: str = "clean",
+                         stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
+    """Yields (token, from_draft) until EOS or max_new_tokens; the output distribution is the target's."""
+    stats = stats or Stats()
+    logits, hidden = target.forward(prompt, 0)
+    pos, token, h = len(prompt), sampler.pick(logits[-1]), hidden[-1]  # newest token sits at pos, uncached
+    produced = 1
+    yield token, False
+    while produced < max_new_tokens and token not in eos_ids:
+        k = min(schedule.k, max_new_tokens - produced - 1)  # never draft past max_new_tokens
+        drafts, qs = _draft(drafter, target.kv.drafter_view(pos, kv_handoff), token, h, pos, k, sampler)
+        logits, hidden = target.forward([token, *drafts], pos)
+        n, next_token = _accept(sampler, logits, drafts, qs)
+        if k:
+            stats.round(drafted=k, accepted=n, drafts=drafts)
+            schedule.update(n, k)
+        for d in drafts[:n]:
+            yield d, True
+            if d in eos_ids:
+                return
+        yield next_token, False
+        pos, token, h, produced = pos + n + 1, next_token, hidden[n], produced + n + 1
+
+
+def _draft(drafter: Drafter, view, token: int, h, pos: int, k: int, sampler):
+    """k drafter steps at a constant position, each fed its own sampled token and projected activations."""
+    drafts, qs = [], []
+    for _ in range(k):
+        logits, h = drafter.step(token, h, pos, view)
+        token, q = sampler.draft(logits)
+        drafts.append(token)
+        qs.append(q)
+    return drafts, qs
+
+
+def _accept(sampler, logits, drafts: list[int], qs) -> tuple[int, int]:
+    """Accepted prefix length n and the target's token after it (correction or bonus)."""
+    for i, (d, q) in enumerate(zip(drafts, qs)):
+        ok, replacement = sampler.accept(logits[i], d, q)
+        if not ok:
+            return i, replacement
+    return len(drafts), sampler.bonus(logits[len(drafts)])
+
+
+def plain_generate(target: Target, prompt: list[int], sampler, max_new_tokens: int, eos_ids) -> Iterator[int]:
+    """The baseline: one target call per token on the same graphs."""
+    logits, _ = target.forward(prompt, 0)
+    pos, token = len(prompt), sampler.pick(logits[-1])
+    yield token
+    for _ in range(max_new_tokens - 1):
+        if token in eos_ids:
+            return
+        logits, _ = target.forward([token], pos)
+        pos, token = pos + 1, sampler.pick(logits[-1])
+        yield token

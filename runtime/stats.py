@@ -1,0 +1,67 @@
+"""Run statistics: acceptance (overall and by draft position), calls, latencies and throughput."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Stats:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # index i: rounds that drafted position i+1
+    accepted_at: list[int] = field(default_factory=list)  # index i: rounds whose draft i+1 was accepted
+    target_calls: int = 0
+    drafter_calls: int = 0
+    new_tokens: int = 0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    token_latencies_s: list[float] = field(default_factory=list)
+    drafts: list[list[int]] = field(default_factory=list)  # every round's drafted tokens, for parity with HF
+
+    def round(self, drafted: int, accepted: int, drafts: list[int] | None = None) -> None:
+        self.rounds += 1
+        self.drafts.append(list(drafts or []))
+        self.drafted += drafted
+        self.accepted += accepted
+        grow = drafted - len(self.drafted_at)
+        if grow > 0:
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < accepted
+
+    def summary(self) -> dict:
+        lat = np.asarray(self.token_latencies_s or [0.0])
+        return {
+            "new_tokens": self.new_tokens, "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "acceptance_by_position": [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)],
+            "mean_accepted_per_round": self.accepted / self.rounds if self.rounds else None,
+            "target_calls": self.target_calls, "drafter_calls": self.drafter_calls,
+            # the prefill call produces the first token; decode-phase calls produce the rest
+            "tokens_per_target_call": (self.new_tokens - 1) / (self.target_calls - 1) if self.target_calls > 1 else None,
+            "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s,
+            "latency_p50_ms": 1e3 * float(np.percentile(lat, 50)), "latency_p95_ms": 1e3 * float(np.percentile(lat, 95)),
+            "tokens_per_s": (self.new_tokens - 1) / (self.total_s - self.ttft_s) if self.total_s > self.ttft_s and self.new_tokens > 1 else None,
+        }
+
+
+def timed(tokens, stats: Stats):
+    """Wrap a token generator: record time to first token, per-token latencies and total time."""
+    start = last = time.perf_counter()
+    for item in tokens:
+        now = time.perf_counter()
+        if stats.new_tokens == 0:
+            stats.ttft_s = now - start
+        else:
+            stats.token_latencies_s.append(now - last)
+        last = now
+        stats.new_tokens += 1
+        yield item
+    stats.total_s = time.perf_counter() - start

@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny checkpoints and their exports, built once per test session."""
+
+from __future__ import annotations
+
+import pytest
+
+VARIANTS = {
+    # name: make-tiny spec; together they cover both target layouts, both drafter heads, e2b/e4b, k_eq_v
+    "e2b_gemma4_centroid": dict(shape="e2b", layout="gemma4", head="centroid"),
+    "e4b_text_dense": dict(shape="e4b", layout="gemma4_text", head="dense"),
+    "e2b_text_kv_eq": dict(shape="e2b", layout="gemma4_text", head="centroid", k_eq_v=True),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """name -> (target_dir, drafter_dir)"""
+    from mtpkit.export.tiny import TinySpec, make_tiny
+
+    root = tmp_path_factory.mktemp("tiny")
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = make_tiny(root / name, TinySpec(**VARIANTS[name]))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_exports(tmp_path_factory, tiny_checkpoints):
+    """name -> export folder (ONNX), exported with the built-in graph parity check on."""
+    from mtpkit.export.config import ExportConfig
+    from mtpkit.export.pipeline import export_model
+
+    root = tmp_path_factory.mktemp("exports")
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            target, drafter = tiny_checkpoints(name)
+            cache[name] = export_model(ExportConfig(target=str(target), drafter=str(drafter), out=root / name,
+                                                    reference_tokens=24, max_cache_len=256))
+        return cache[name]
+
+    return get

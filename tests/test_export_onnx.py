@@ -1,0 +1,87 @@
+"""ONNX export of every structural variant: graphs, manifest contract and built-in graph parity."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import VARIANTS
+from mtpkit.runtime.manifest import load_manifest, sha256_file
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_export_writes_manifest_and_passes_graph_parity(tiny_exports, name):
+    out = tiny_exports(name)
+    manifest = load_manifest(out)  # verifies every sha256
+    checks = json.loads((out / "graph_parity.json").read_text())
+    names = {c["signature"] for c in checks}
+    assert {"prefill", "decode", "verify", "draft[0]", "draft[1]"} <= names
+    assert all(c["ok"] and c["max_abs"] <= 1e-4 and c["argmax_agree"] == 1.0 for c in checks)
+    assert set(manifest.signatures) == {"prefill", "decode", "verify", "draft"}
+    assert manifest.graphs["target"].sha256 == sha256_file(out / manifest.graphs["target"].file)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_kv_layout_lists_only_kv_owning_layers(tiny_exports, name):
+    manifest = load_manifest(tiny_exports(name))
+    layers = manifest.kv_layers
+    n_layers = manifest.model["num_layers"]
+    shared = 5 if VARIANTS[name]["shape"] == "e2b" else 6
+    assert [d.layer for d in layers] == list(range(n_layers - shared))
+    heads = {d.type: d.head_dim for d in layers}
+    assert heads == {"sliding_attention": 32, "full_attention": 64}  # dual head dims survive
+    store = manifest.kv_cache["drafter_layers"]
+    owners = {t: max(d.layer for d in layers if d.type == t) for t in heads}
+    assert store == owners  # the drafter reads the last owner of each type
+    target_inputs = {t.name for t in manifest.signatures["verify"].inputs}
+    assert f"past_key_values.{n_layers - 1}.key" not in target_inputs  # no inputs for KV-shared layers
+    if VARIANTS[name].get("k_eq_v"):
+        full = [d for d in layers if d.type == "full_attention"]
+        assert all(d.kv_heads == 1 for d in full)
+
+
+def test_embedding_table_is_stored_once_and_shared_with_the_host(tiny_exports):
+    import onnx
+
+    out = tiny_exports("e2b_gemma4_centroid")
+    manifest = load_manifest(out)
+    emb = manifest.embedding
+    table = np.fromfile(out / emb["file"], dtype=np.float32).reshape(emb["shape"])
+    model = onnx.load(str(out / "target.onnx"), load_external_data=False)
+    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert [t.name for t in external] and all(
+        any(e.key == "location" and e.value == emb["file"] for e in t.external_data) for t in external)
+    inline = [t for t in model.graph.initializer if tuple(t.dims) == tuple(emb["shape"])]
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in inline)  # no second inline copy
+    assert emb["scale"] == pytest.approx(np.sqrt(manifest.model["hidden_size"]))
+    assert manifest.graphs["target"].data_files == {emb["file"]: sha256_file(out / emb["file"])}
+    assert table.std() > 0
+
+
+def test_reference_covers_long_prompts_and_all_draft_lengths(tiny_exports):
+    out = tiny_exports("e2b_gemma4_centroid")
+    manifest = load_manifest(out)
+    ref = json.loads((out / manifest.reference["file"]).read_text())
+    window = manifest.model["sliding_window"]
+    assert max(len(p["prompt_ids"]) for p in ref["prompts"]) > window + 8
+    assert min(len(p["prompt_ids"]) for p in ref["prompts"]) < window
+    for entry in ref["prompts"]:
+        assert set(entry["assisted"]) == {"1", "2", "4", "8"}
+        assert entry["assisted"]["4"]["output_ids"] == entry["greedy_ids"]  # transformers greedy MTP is lossless
+        assert entry["assisted"]["4"]["drafts"], "no draft rounds recorded"
+
+
+def test_manifest_records_sources_tokens_and_template(tiny_exports, tiny_checkpoints):
+    manifest = load_manifest(tiny_exports("e2b_gemma4_centroid"))
+    target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
+    assert manifest.source["target"]["ref"] == str(target)
+    assert manifest.source["target"]["model_type"] == "gemma4"
+    assert manifest.source["drafter"]["model_type"] == "gemma4_assistant"
+    assert manifest.tokens["eos"] == [1, 6] and manifest.tokens["bos"] == 2
+    assert (manifest.root / manifest.tokenizer["chat_template_file"]).read_text().startswith("{{ bos_token }}")
+    assert manifest.generation["num_assistant_tokens"] == 4
+    assert manifest.quantization == {"recipe": "none"}
