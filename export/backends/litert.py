@@ -1,0 +1,312 @@
+"""LiteRT export: target via litert-torch's export_hf, the MTP drafter by hand, a .litertlm bundle with both.
+
+export_litert() writes into an existing folder and returns a JSON-able description of every signature (tensor
+names, shapes, dtypes and roles), so a runtime binds by role and never parses names or shapes. The drafter is
+exported in LiteRT-LM's drafter contract (signature 0 "draft": activations, input_pos, mask, the target's store
+layer caches by their target names -> logits, projected_activations) plus "draft_masked" with explicit masks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..litert_patches import import_export_hf, litert_workarounds
+from ..models import gemma4_assistant, gemma4_text
+
+MASK_HIDDEN = float(-0.7 * np.finfo(np.float32).max)  # what LiteRT-LM writes (InitializeAttentionMask, fp32)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja")
+
+
+class LiteRTDraftStep(nn.Module):
+    """Gemma 4 assistant step over the target's LiteRT KV caches (K [1,h,C,d], V transposed [1,h,d,C]).
+
+    Attention is litert-torch's "lrt_transposed_attention": HF's eager repeat_kv attention is mis-compiled by
+    the converter (B5). The "clean" hand-off is computed in-graph from input_pos: full layers see j < pos,
+    sliding layers pos-(W+1) <= j < pos (HF shows the drafter the last W+1 entries of what it is handed).
+    """
+
+    def __init__(self, drafter: nn.Module, store: dict[str, int], window: int, cache_len: int):
+        super().__init__()
+        self.drafter = drafter
+        self.store = store  # layer type -> target store layer (its cache names)
+        self.window = window
+        self.register_buffer("slots", torch.arange(cache_len, dtype=torch.int32).view(1, 1, 1, -1), persistent=False)
+
+    def clean_masks(self, input_pos):
+        pos = input_pos.view(1, 1, 1, 1)
+        seen = self.slots < pos
+        recent = seen & (self.slots >= pos - (self.window + 1))
+        zero, hidden = torch.zeros((), dtype=torch.float32), torch.full((), MASK_HIDDEN, dtype=torch.float32)
+        return {"full_attention": torch.where(seen, zero, hidden), "sliding_attention": torch.where(recent, zero, hidden)}
+
+    def forward(self, activations, input_pos, **named):
+        if "mask" in named:  # LiteRT-LM's causal mask (j <= pos); intersecting keeps the clean view and uses it
+            masks = {t: torch.minimum(m, named["mask"]) for t, m in self.clean_masks(input_pos).items()}
+        else:
+            masks = {"full_attention": named["full_mask"], "sliding_attention": named["sliding_mask"]}
+        shared = {t: (named[f"kv_cache_k_{i}"], named[f"kv_cache_v_{i}"]) for t, i in self.store.items()}
+        model = self.drafter
+        text = model.model
+        cfg = text.config
+        hidden = model.pre_projection(activations)
+        position_ids = input_pos.view(1, 1)
+        for i, layer in enumerate(text.layers[: cfg.num_hidden_layers]):
+            layer_type = cfg.layer_types[i]
+            rope = text.rotary_emb(hidden, position_ids, layer_type)
+            hidden = layer(hidden, None, shared_kv_states=shared, position_embeddings=rope,
+                           attention_mask=masks[layer_type], position_ids=position_ids, cache=None,
+                           k_ts_idx=2, v_ts_idx=3)
+        hidden = text.norm(hidden)
+        projected = model.post_projection(hidden)
+        if model.masked_embedding is not None:  # HF's .item() replaced by a tensor min; no one_hot (B8)
+            logits = gemma4_assistant._centroid_logits(model.masked_embedding, hidden, model.lm_head.weight)
+        else:
+            logits = model.lm_head(hidden)
+        return {"logits": logits, "projected_activations": projected}  # no soft-cap on drafter logits (as HF)
+
+
+@contextlib.contextmanager
+def _attn_implementation(model: nn.Module, name: str):
+    """Switch a loaded HF model's attention function for the export only (the caller's model is restored)."""
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
+    old = [(c, c._attn_implementation) for c in configs]
+    for c in configs:
+        c._attn_implementation = name
+    try:
+        yield
+    finally:
+        for c, value in old:
+            c._attn_implementation = value
+
+
+def drafter_samples(target_config, store: dict[str, int], cache_len: int) -> dict[str, dict]:
+    """Sample inputs of both drafter signatures; their keys become the .tflite input names."""
+    kv = {}
+    for i in sorted(store.values()):
+        lc = target_config.per_layer_config[i]
+        kv[f"kv_cache_k_{i}"] = torch.randn(1, lc.num_key_value_heads, cache_len, lc.head_dim)
+        kv[f"kv_cache_v_{i}"] = torch.randn(1, lc.num_key_value_heads, lc.head_dim, cache_len)
+    common = {"activations": torch.randn(1, 1, 2 * target_config.hidden_size),
+              "input_pos": torch.tensor([3], dtype=torch.int32)}
+    mask = torch.zeros(1, 1, 1, cache_len)
+    return {"draft": {**common, "mask": mask, **kv},
+            "draft_masked": {**common, "full_mask": mask, "sliding_mask": mask.clone(), **kv}}
+
+
+def export_drafter(drafter_model: nn.Module, target_config, path: Path, cache_len: int) -> None:
+    """Convert the drafter to `path` with signatures draft (index 0, LiteRT-LM's contract) and draft_masked."""
+    import litert_torch
+
+    import_export_hf()  # registers lrt_transposed_attention
+    store = gemma4_text.store_layers(target_config)
+    step = LiteRTDraftStep(drafter_model, store, target_config.sliding_window, cache_len).eval()
+    converter = litert_torch.Converter()
+    for name, sample in drafter_samples(target_config, store, cache_len).items():
+        converter.signature(name, step, sample_kwargs=sample)  # one module object: weights stored once
+    with _attn_implementation(drafter_model, "lrt_transposed_attention"), torch.no_grad():
+        converter.convert(strict_export=False).export(str(path))
+
+
+def gemma4_layout_checkpoint(target_dir: Path, dst: Path) -> Path:
+    """A gemma4 (Gemma4ForConditionalGeneration) view of a gemma4_text checkpoint, or target_dir unchanged.
+
+    export_hf only takes the external-embedder path LiteRT-LM's MTP needs (embedder + per_layer_embedder,
+    embeddings inputs) for model_type gemma4; Gemma4ForCausalLM checkpoints get token inputs instead.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from ..checkpoint import safetensors_files
+
+    config = json.loads((target_dir / "config.json").read_text())
+    if config.get("model_type") != "gemma4_text":
+        return target_dir
+    dst.mkdir(parents=True)
+    top = {k: config[k] for k in ("pad_token_id", "eos_token_id", "bos_token_id") if k in config}
+    wrapped = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": config,
+               "vision_config": None, "audio_config": None,
+               "tie_word_embeddings": config.get("tie_word_embeddings", True), **top}
+    (dst / "config.json").write_text(json.dumps(wrapped, indent=2))
+    state = {}
+    for f in safetensors_files(target_dir):
+        for key, tensor in load_file(str(f)).items():
+            state["model.language_model." + key.removeprefix("model.") if key.startswith("model.") else key] = tensor
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        if (target_dir / name).is_file():
+            shutil.copy2(target_dir / name, dst / name)
+    return dst
+
+
+@contextlib.contextmanager
+def _bundle_with_drafter(drafter_path: Path):
+    """Make export_hf's package_model also add our drafter as the tf_lite_mtp_drafter section.
+
+    litert-torch 0.10.0 never adds an MTP_DRAFTER section (core/litert_lm_builder.py package_model).
+    """
+    import litert_lm_builder
+
+    cls = litert_lm_builder.LitertLmFileBuilder
+    original = cls.build
+
+    def build(self, stream, *args, **kwargs):
+        self.add_tflite_model(str(drafter_path), litert_lm_builder.TfLiteModelType.MTP_DRAFTER)
+        return original(self, stream, *args, **kwargs)
+
+    cls.build = build
+    try:
+        yield
+    finally:
+        cls.build = original
+
+
+def export_target(checkpoint: Path, work: Path, drafter_path: Path, *, prefill_len: int, cache_len: int,
+                  num_draft: int) -> None:
+    """export_hf (float, external embedder, verify T=num_draft+1) into `work`, bundling the drafter."""
+    hf = import_export_hf()
+    with _bundle_with_drafter(drafter_path):
+        hf.export.export(model=str(checkpoint), output_dir=str(work), keep_temporary_files=True,
+                         prefill_lengths=[prefill_len], cache_length=cache_len, quantization_recipe="none",
+                         externalize_embedder=True, assistant_model="mtpkit-drafter",
+                         mtp_verifier_step=num_draft + 1, use_jinja_template=True, bundle_litert_lm=True)
+
+
+def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, *, prefill_len: int,
+                  cache_len: int, num_draft: int) -> dict:
+    """Write target.tflite, embedder.tflite, per_layer_embedder.tflite, drafter.tflite and model.litertlm.
+
+    Args:
+        target_dir: the target's HF checkpoint folder (gemma4 or gemma4_text layout) with tokenizer files.
+        drafter_model: the loaded Gemma4AssistantForCausalLM (fp32; restored unchanged afterwards).
+        target_model: the loaded Gemma4ForCausalLM (its config gives KV owners and store layers).
+        out_dir: an existing folder; only files inside it are written, temporaries are removed.
+    Returns:
+        the description of every file and signature (see describe()), plus export_seconds and peak_rss_mb.
+    """
+    started = time.time()
+    target_dir, out_dir = Path(target_dir), Path(out_dir)
+    scratch = Path(tempfile.mkdtemp(prefix=".litert-", dir=out_dir))
+    try:
+        with litert_workarounds():
+            export_drafter(drafter_model, target_model.config, out_dir / "drafter.tflite", cache_len)
+            checkpoint = gemma4_layout_checkpoint(target_dir, scratch / "checkpoint")
+            work = scratch / "export_hf"
+            export_target(checkpoint, work, out_dir / "drafter.tflite", prefill_len=prefill_len,
+                          cache_len=cache_len, num_draft=num_draft)
+        for src, dst in (("model.tflite", "target.tflite"), ("embedder.tflite", "embedder.tflite"),
+                         ("per_layer_embedder.tflite", "per_layer_embedder.tflite"),
+                         ("model.litertlm", "model.litertlm")):
+            shutil.move(str(work / src), str(out_dir / dst))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    info = describe(out_dir, target_model.config, prefill_len=prefill_len, cache_len=cache_len,
+                    num_draft=num_draft)
+    info["export_seconds"] = round(time.time() - started, 1)
+    info["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return info
+
+
+# ---- the description handed to the manifest: roles come from this table, never from the runtime's guesses ----
+
+TARGET_ROLES = {"embeddings": "embeddings", "per_layer_embeddings": "per_layer_embeddings", "input_pos": "input_pos",
+                "mask": "mask", "logits": "logits", "activations": "activations"}
+DRAFTER_ROLES = {"activations": "activations_in", "input_pos": "input_pos", "mask": "mask", "full_mask": "mask",
+                 "sliding_mask": "mask", "logits": "logits", "projected_activations": "projected_activations"}
+DRAFTER_MASK_TYPES = {"full_mask": "full_attention", "sliding_mask": "sliding_attention"}
+
+
+def _tensor(name: str, detail: dict, kind: str, owners: list[int]) -> dict:
+    spec = {"name": name, "shape": [int(x) for x in detail["shape"]], "dtype": np.dtype(detail["dtype"]).name}
+    if name.startswith("kv_cache_"):
+        k_or_v, index = name.removeprefix("kv_cache_").split("_")
+        layer = owners[int(index)] if kind == "target" else int(index)
+        return {**spec, "role": "kv_key" if k_or_v == "k" else "kv_value", "layer": layer,
+                "seq_axis": 2 if k_or_v == "k" else 3}
+    if kind == "target":
+        role = TARGET_ROLES.get(name)
+    elif kind == "drafter":
+        role = DRAFTER_ROLES.get(name)
+        if name in DRAFTER_MASK_TYPES:
+            spec["layer_type"] = DRAFTER_MASK_TYPES[name]
+    else:  # embedders: token_ids -> embeddings / per_layer_embeddings (export_hf names both outputs "embeddings")
+        role = "token_ids" if name == "token_ids" else kind
+    if role is None:
+        raise RuntimeError(f"{kind} graph has an unexpected tensor {name!r} (litert-torch changed its IO?)")
+    return {**spec, "role": role}
+
+
+def signature_order(path: Path) -> list[str]:
+    """Signature keys in flatbuffer order: LiteRT-LM runs the drafter's signature index 0."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.Model.GetRootAsModel(path.read_bytes(), 0)
+    return [model.SignatureDefs(i).SignatureKey().decode() for i in range(model.SignatureDefsLength())]
+
+
+def describe_file(path: Path, kind: str, owners: list[int]) -> dict:
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    signatures = {}
+    for index, key in enumerate(signature_order(path)):
+        runner = interpreter.get_signature_runner(key)
+        ins = [_tensor(n, d, kind, owners) for n, d in sorted(runner.get_input_details().items())]
+        outs = [_tensor(n, d, kind, owners) for n, d in sorted(runner.get_output_details().items())]
+        pos = next((t for t in ins if t["role"] in ("input_pos", "token_ids")), None)
+        signatures[key] = {"index": index, "num_tokens": pos["shape"][-1] if pos else None, "inputs": ins,
+                           "outputs": outs}
+    return {"file": path.name, "bytes": path.stat().st_size, "signatures": signatures}
+
+
+def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, num_draft: int) -> dict:
+    layers = gemma4_text.kv_layers(target_config)
+    owners = [d["layer"] for d in layers]
+    files = {key: describe_file(out_dir / f"{key}.tflite", kind, owners) for key, kind in
+             (("target", "target"), ("embedder", "embeddings"), ("per_layer_embedder", "per_layer_embeddings"),
+              ("drafter", "drafter"))}
+    if signature_order(out_dir / "drafter.tflite")[0] != "draft":
+        raise RuntimeError("drafter.tflite: signature 0 must be 'draft' (LiteRT-LM runs index 0)")
+    window = target_config.sliding_window
+    for i, d in enumerate(layers):
+        d.update(key=f"kv_cache_k_{i}", value=f"kv_cache_v_{i}")
+    return {
+        "backend": "litert", "files": files,
+        "bundle": {"file": "model.litertlm", "bytes": (out_dir / "model.litertlm").stat().st_size,
+                   "sections": ["llm_metadata", "executor_metadata", "hf_tokenizer", "tf_lite_prefill_decode",
+                                "tf_lite_embedder", "tf_lite_per_layer_embedder", "tf_lite_mtp_drafter"]},
+        "signatures": {"prefill": [{"num_tokens": prefill_len, "signature": f"prefill_{prefill_len}"}],
+                       "decode": "decode", "verify": "verify", "draft": "draft", "draft_masked": "draft_masked",
+                       "embed_prefill": [{"num_tokens": prefill_len, "signature": f"prefill_embedder_{prefill_len}"}],
+                       "embed_decode": "decode_embedder",
+                       "per_layer_embed_prefill": [{"num_tokens": prefill_len,
+                                                    "signature": f"prefill_per_layer_embedder_{prefill_len}"}],
+                       "per_layer_embed_decode": "decode_per_layer_embedder"},
+        "cache_len": cache_len, "prefill_lens": [prefill_len], "verify_len": num_draft + 1, "num_draft": num_draft,
+        "kv_cache": {"layers": layers, "store_layers": gemma4_text.store_layers(target_config), "dtype": "float32",
+                     "key_layout": "[1, kv_heads, cache_len, head_dim]", "key_seq_axis": 2,
+                     "value_layout": "[1, kv_heads, head_dim, cache_len] (transposed)", "value_seq_axis": 3,
+                     "state": "every target signature takes all caches and returns the updated copies"},
+        "mask": mask_conventions(window),
+        "drafter_visibility": {"full_attention": "j < input_pos",
+                               "sliding_attention": f"input_pos-{window + 1} <= j < input_pos"},
+        "embedding_scale_included": True,  # embedder.tflite returns E[ids] * sqrt(H), the drafter's input half
+    }
+
+
+def mask_conventions(window: int) -> dict:
+    return {"dtype": "float32", "visible": 0.0, "hidden": MASK_HIDDEN, "combine": "additive",
+            "target": "[1,1,T,cache_len]; row i (query at input_pos[i]) is causal: visible j <= input_pos[i]; "
+                      f"sliding layers add the window (j > input_pos[i]-{window}) in-graph",
+            "draft": "[1,1,1,cache_len] LiteRT-LM's causal row (visible j <= input_pos); the graph takes "
+                     "min() with the clean visibility, so any mask at least that permissive gives clean",
+            "draft_masked": "full_mask / sliding_mask [1,1,1,cache_len] used as given (e.g. HF's hand-off)"}
