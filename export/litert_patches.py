@@ -28,7 +28,7 @@ def _tensorflow_installed() -> bool:
 
 @contextlib.contextmanager
 def tensorflow_schema_alias():
-    """B1 (litert-torch 0.10.0): `import litert_torch.generative.export_hf` raises ModuleNotFoundError 'tensorflow'.
+    """B1 (litert-torch 0.10.0): `import litert_torch.generative.export_hf.export` fails: No module named tensorflow.
 
     model_ext/bonsai_flux2/bonsai_flux2.py:41 and generative/layers/lora.py:32 import tensorflow's tflite schema
     module, which ai-edge-litert ships as ai_edge_litert.schema_py_generated. We alias it for the import only.
@@ -122,6 +122,8 @@ def verify_mask_dtype():
 
 def _external_embedder_decode_forward(self, embeddings, per_layer_embeddings, input_pos, kv_cache, mask, **kwargs):
     """litert-torch 0.10.0's external-embedder decode forward plus `activations` (B4) and the soft-cap (B9)."""
+    import torch
+
     kwargs.update(self.composite_flags())
     inputs = self.adapt_inputs(None, embeddings, per_layer_embeddings, input_pos, kv_cache, mask,
                                use_bool_mask=self.export_config.extra_kwargs.get("use_bool_mask", False), **kwargs)
@@ -133,18 +135,12 @@ def _external_embedder_decode_forward(self, embeddings, per_layer_embeddings, in
     logits = self.model.lm_head(hidden)
     cap = getattr(text_config, "final_logit_softcapping", None)
     if cap is not None:
-        logits = torch_tanh(logits / cap) * cap
+        logits = torch.tanh(logits / cap) * cap
     kv_cache = output.past_key_values.remove_dummy_cache_layers(text_config)
     out = {"kv_cache": kv_cache, "logits": logits}
     if self.export_verifier:
         out["activations"] = hidden
     return out
-
-
-def torch_tanh(x):
-    import torch
-
-    return torch.tanh(x)
 
 
 @contextlib.contextmanager

@@ -48,7 +48,8 @@ class LiteRTDraftStep(nn.Module):
         seen = self.slots < pos
         recent = seen & (self.slots >= pos - (self.window + 1))
         zero, hidden = torch.zeros((), dtype=torch.float32), torch.full((), MASK_HIDDEN, dtype=torch.float32)
-        return {"full_attention": torch.where(seen, zero, hidden), "sliding_attention": torch.where(recent, zero, hidden)}
+        return {"full_attention": torch.where(seen, zero, hidden),
+                "sliding_attention": torch.where(recent, zero, hidden)}
 
     def forward(self, activations, input_pos, **named):
         if "mask" in named:  # LiteRT-LM's causal mask (j <= pos); intersecting keeps the clean view and uses it
@@ -178,7 +179,8 @@ def export_target(checkpoint: Path, work: Path, drafter_path: Path, *, prefill_l
         hf.export.export(model=str(checkpoint), output_dir=str(work), keep_temporary_files=True,
                          prefill_lengths=[prefill_len], cache_length=cache_len, quantization_recipe="none",
                          externalize_embedder=True, assistant_model="mtpkit-drafter",
-                         mtp_verifier_step=num_draft + 1, use_jinja_template=True, bundle_litert_lm=True)
+                         mtp_verifier_step=num_draft + 1, use_jinja_template=True, bundle_litert_lm=True,
+                         export_vision_encoder=False, export_audio_encoder=False)  # text path only
 
 
 def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, *, prefill_len: int,
