@@ -1,0 +1,1 @@
+"""Pieces of the `mtpkit train-tiny` recipe: corpus + tokenizer, model configs, training loops, measurement."""
