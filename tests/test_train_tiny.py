@@ -56,7 +56,7 @@ def test_shipped_pair_is_lossless_and_drafts_are_accepted():
         assert result["lossless"], "assisted generate differs from plain greedy"
         assert result["new_tokens"] == 24
         hits, total = hits + result["first_hits"], total + result["first_total"]
-    assert total > 0 and hits / total >= 0.3, f"drafter acceptance at position 1 is only {hits}/{total}"
+    assert total > 0 and hits / total >= 0.5, f"drafter acceptance at position 1 is only {hits}/{total}"
 
 
 def test_pair_json_records_the_recipe():
