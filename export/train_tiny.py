@@ -73,7 +73,8 @@ class TrainConfig:
         if not 1 <= self.centroid_top_k <= self.num_centroids:
             raise ValueError(f"centroid_top_k must be in 1..{self.num_centroids}, got {self.centroid_top_k}")
         if not 2 <= self.prompt_len < self.seq_len - self.num_assistant_tokens:
-            raise ValueError(f"need 2 <= prompt_len < seq_len - num_assistant_tokens, got {self.prompt_len}, {self.seq_len}")
+            raise ValueError(f"need 2 <= prompt_len < seq_len - num_assistant_tokens, "
+                             f"got {self.prompt_len}, {self.seq_len}")
         for name in ("target_steps", "drafter_steps", "batch", "drafter_batch", "threads", "eval_prompts",
                      "eval_new_tokens", "num_assistant_tokens", "sliding_window", "warmup", "log_every"):
             if getattr(self, name) < 1:

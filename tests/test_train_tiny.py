@@ -64,7 +64,8 @@ def test_pair_json_records_the_recipe():
     cfg = TrainConfig(**pair["config"])  # the recorded config is valid input to the recipe
     assert cfg.vocab_size % cfg.num_centroids == 0
     assert pair["figures"]["all"]["lossless"] is True
-    assert len(pair["corpus"]["file_sha256"]) == len(pair["corpus"]["train_files"]) + len(pair["corpus"]["heldout_files"])
+    corpus = pair["corpus"]
+    assert len(corpus["file_sha256"]) == len(corpus["train_files"]) + len(corpus["heldout_files"])
 
 
 @pytest.mark.parametrize("bad", [{"hidden": 100}, {"vocab_size": 2048, "num_centroids": 48},
@@ -95,5 +96,6 @@ def test_recipe_smoke_run_writes_loadable_pair(tmp_path):
     assert target.config.vocab_size == 512 and drafter.config.num_centroids == 16
     assert sorted(drafter.masked_embedding.token_ordering.tolist()) == list(range(512))  # a permutation
     assert pair["figures"]["all"]["lossless"] is True
+    assert len(pair["corpus"]["train_files"]) == 2  # the listing names what was actually read
     with pytest.raises(FileExistsError):  # no silent overwrite of a trained pair
         train_tiny(TrainConfig(out=out, **SMOKE))

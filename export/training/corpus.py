@@ -35,11 +35,13 @@ class Corpus:
     files: dict  # "name.py" -> sha256, for both splits
     python_version: str
     sha256: str  # over the concatenated (name, sha256) list: one number that says "same corpus"
+    train_names: tuple = tuple(TRAIN_MODULES)  # fewer in smoke runs (max_train_files)
 
     def describe(self) -> dict:
         return {"source": "Python standard library (Lib/*.py), PSF License Agreement",
                 "python_version": self.python_version, "sha256": self.sha256,
-                "train_files": [f"{m}.py" for m in TRAIN_MODULES], "heldout_files": [f"{m}.py" for m in HELDOUT_MODULES],
+                "train_files": [f"{m}.py" for m in self.train_names],
+                "heldout_files": [f"{m}.py" for m in HELDOUT_MODULES],
                 "train_bytes": sum(len(t.encode()) for t in self.train),
                 "heldout_bytes": sum(len(t.encode()) for t in self.heldout), "file_sha256": self.files}
 
@@ -64,7 +66,7 @@ def load_corpus(max_train_files: int | None = None) -> Corpus:
         texts[name] = data.decode("utf-8")
     digest = hashlib.sha256("".join(f"{k}:{v}\n" for k, v in files.items()).encode()).hexdigest()
     version = ".".join(map(str, sys.version_info[:3]))
-    return Corpus([texts[n] for n in names], [texts[n] for n in HELDOUT_MODULES], files, version, digest)
+    return Corpus([texts[n] for n in names], [texts[n] for n in HELDOUT_MODULES], files, version, digest, tuple(names))
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):

@@ -37,7 +37,8 @@ def eval_prompts(texts: list[str], per_category: int) -> list[tuple[str, str]]:
 
 @contextmanager
 def record_drafts(target):
-    """Yield (rounds, calls): rounds gets (context length, draft ids) per drafting round, calls counts target forwards."""
+    """Yield (rounds, calls): rounds gets (context length, draft ids) per drafting round;
+    calls counts target forwards."""
     from transformers.generation import candidate_generator as cg
 
     rounds, calls = [], [0]
