@@ -14,20 +14,24 @@ from . import __version__
 
 # name -> (module, one-line help); each module has add_arguments(parser) and run(args) -> int
 COMMANDS = {
+    "demo": ("mtpkit.export.demo", "export the trained tiny pair shipped with mtpkit, prove parity, time it"),
     "make-tiny": ("mtpkit.export.commands", "write a tiny random Gemma 4 target + drafter (HF layout) for tests"),
     "export": ("mtpkit.export.commands", "convert a Gemma 4 target + its MTP drafter into graphs + manifest.json"),
     "run": ("mtpkit.runtime.commands", "generate text from an export with speculative (or plain) decoding"),
     "parity": ("mtpkit.runtime.commands", "replay the export-time transformers reference and compare token for token"),
+    "bench": ("mtpkit.runtime.commands", "time speculative vs plain decoding on the same graphs (interleaved runs)"),
 }
 EXTRA_COMMANDS = {
     "train-tiny": ("mtpkit.export.train_tiny", "train the small Gemma 4 target + drafter pair shipped with mtpkit"),
 }
 
 EPILOG = """examples:
+  mtpkit demo out/demo
   mtpkit make-tiny out/tiny
   mtpkit export out/tiny/target --drafter out/tiny/drafter --out out/tiny-onnx
   mtpkit run out/tiny-onnx --prompt "def fib(n):" --max-new-tokens 32
   mtpkit parity out/tiny-onnx --json out/parity.json
+  mtpkit bench out/tiny-onnx --repeats 3
 """
 
 

@@ -38,12 +38,16 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("target", help="target checkpoint: local folder or hub id")
     p.add_argument("--drafter", required=True, help="drafter (-assistant) checkpoint: local folder or hub id")
     p.add_argument("--out", required=True, type=Path, help="export folder to create")
-    p.add_argument("--backend", default="onnx", help="comma-separated graph formats (default onnx)")
+    p.add_argument("--backend", default="onnx",
+                   help="comma-separated: onnx, litert (litert also writes the ONNX reference graphs; default onnx)")
     p.add_argument("--max-cache-len", type=int, default=4096, help="KV capacity in tokens (default 4096)")
     p.add_argument("--quant", default="none", help="quantization recipe (default none)")
     p.add_argument("--target-revision", help="hub revision of the target")
     p.add_argument("--drafter-revision", help="hub revision of the drafter")
     p.add_argument("--reference-tokens", type=int, default=32, help="new tokens per reference prompt (default 32)")
+    p.add_argument("--prefill-len", type=int, default=128, help="LiteRT static prefill chunk length (default 128)")
+    p.add_argument("--num-draft", type=int, default=None,
+                   help="LiteRT drafts per verify call, verify length = this + 1 (default: drafter's num_assistant_tokens)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the graph-vs-PyTorch check")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
 
@@ -56,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = ExportConfig(target=args.target, drafter=args.drafter, out=args.out, backend=args.backend,
                        force=args.force, max_cache_len=args.max_cache_len, quant=args.quant,
                        target_revision=args.target_revision, drafter_revision=args.drafter_revision,
-                       reference_tokens=args.reference_tokens, check=args.check)
+                       reference_tokens=args.reference_tokens, check=args.check, prefill_len=args.prefill_len,
+                       num_draft=args.num_draft)
     from mtpkit.cli import CommandError
 
     from .pipeline import export_model

@@ -6,8 +6,8 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-BACKENDS = ("onnx",)
-PLANNED_BACKENDS = ("litert",)
+BACKENDS = ("onnx", "litert")
+PLANNED_BACKENDS = ()
 QUANT_RECIPES = ("none",)
 
 
@@ -24,6 +24,8 @@ class ExportConfig:
     drafter_revision: str | None = None
     reference_tokens: int = 32  # new tokens per reference prompt recorded from transformers
     check: bool = True  # verify every graph against PyTorch before declaring success
+    prefill_len: int = 128  # LiteRT: static prefill chunk length (prompts are padded / chunked to it)
+    num_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
@@ -38,6 +40,11 @@ class ExportConfig:
         if self.quant not in QUANT_RECIPES:
             raise ValueError(f"unknown quantization recipe {self.quant!r}{_did_you_mean(self.quant, QUANT_RECIPES)}; "
                              f"choose from {', '.join(QUANT_RECIPES)}")
+        if "litert" in backends and "onnx" not in backends:
+            backends = ("onnx", *backends)  # the ONNX graphs are the reference the export is checked against
+            object.__setattr__(self, "backend", backends)
+        if self.prefill_len < 1 or (self.num_draft is not None and self.num_draft < 1):
+            raise ValueError("--prefill-len and --num-draft must be >= 1")
         if self.max_cache_len < 16:
             raise ValueError(f"--max-cache-len must be at least 16, got {self.max_cache_len}")
         if self.reference_tokens < 1:

@@ -2,7 +2,7 @@
 
 prefill, decode and verify logits (and the final-norm hidden states the drafter reads) are compared with one
 transformers forward over the whole sequence; draft logits and projected activations with the HF drafter fed
-the same store-layer K/V. Tolerance: 1e-4 max abs in fp32 and 100% argmax agreement.
+the same store-layer K/V. Logits: 1e-4 max abs in fp32 and 100% argmax agreement.
 """
 
 from __future__ import annotations
@@ -20,28 +20,33 @@ class GraphCheck:
     signature: str
     max_abs: float
     argmax_agree: float
+    tolerance: float
 
     @property
     def ok(self) -> bool:
-        return self.max_abs <= ATOL and self.argmax_agree == 1.0
+        return self.max_abs <= self.tolerance and self.argmax_agree == 1.0
 
 
 class GraphParityError(RuntimeError):
     pass
 
 
-def _compare(name: str, got: np.ndarray, want: np.ndarray, argmax: bool = True) -> GraphCheck:
+def _compare(name: str, got: np.ndarray, want: np.ndarray, logits: bool = True) -> GraphCheck:
+    """Logits: ATOL absolute and argmax agreement. Hidden states: ATOL relative to their largest magnitude,
+    because fp32 itself is about that far from fp64 on activations of magnitude ~4 (measured on tiny models)."""
     got, want = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])
-    agree = float((got.argmax(-1) == want.argmax(-1)).mean()) if argmax else 1.0  # argmax only means something for logits
-    return GraphCheck(name, float(np.abs(got - want).max()), agree)
+    if logits:
+        return GraphCheck(name, float(np.abs(got - want).max()), float((got.argmax(-1) == want.argmax(-1)).mean()), ATOL)
+    return GraphCheck(name, float(np.abs(got - want).max()), 1.0, ATOL * max(1.0, float(np.abs(want).max())))
 
 
 def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
     """Run prefill / decode / verify / draft through ONNX Runtime and compare with PyTorch."""
     import onnxruntime as ort
 
+    backend = manifest.backend("onnx")
     sessions = {name: ort.InferenceSession(str(manifest.path(g.file)), providers=["CPUExecutionProvider"])
-                for name, g in manifest.graphs.items()}
+                for name, g in backend.graphs.items()}
     n = len(ids)
     with torch.no_grad():
         hf = target(torch.tensor([ids]), output_hidden_states=True, return_shared_kv_states=True, use_cache=False)
@@ -51,11 +56,11 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
     split = [(0, n - 5, "prefill"), (n - 5, n - 1, "verify"), (n - 1, n, "decode")]
     kv = {d["layer"]: (np.zeros((1, d["kv_heads"], 0, d["head_dim"]), np.float32),) * 2 for d in manifest.kv_cache["layers"]}
     for start, end, name in split:
-        sig = manifest.signatures[name]
+        sig = backend.signatures[name]
         feeds = _target_feeds(sig, manifest, ids[start:end], start, kv)
         out = dict(zip([o.name for o in sig.outputs], sessions[sig.graph].run(None, feeds)))
         checks.append(_compare(name, out[sig.output("logits").name], ref_logits[start:end]))
-        checks.append(_compare(name + ".hidden_states", out[sig.output("hidden_states").name], ref_hidden[start:end], argmax=False))
+        checks.append(_compare(name + ".hidden_states", out[sig.output("hidden_states").name], ref_hidden[start:end], logits=False))
         for layer in kv:
             k_new = out[sig.output("present_key", layer).name]
             v_new = out[sig.output("present_value", layer).name]
@@ -77,7 +82,7 @@ def _target_feeds(sig, manifest, ids, pos, kv) -> dict:
 
 def _check_draft(manifest, sessions, target, drafter, ids, hf) -> list[GraphCheck]:
     """Two chained draft steps from the last prompt position, as transformers' candidate generator runs them."""
-    sig = manifest.signatures["draft"]
+    sig = manifest.backend("onnx").signatures["draft"]
     shared = hf.shared_kv_states
     sliding_visible = manifest.model["sliding_window"] + 1  # HF's drafter sees the last W+1 sliding entries
     full_k, full_v = shared["full_attention"]
@@ -97,7 +102,7 @@ def _check_draft(manifest, sessions, target, drafter, ids, hf) -> list[GraphChec
                  sig.input("sliding_key").name: sl_k.numpy(), sig.input("sliding_value").name: sl_v.numpy()}
         logits, projected = sessions[sig.graph].run([o.name for o in sig.outputs], feeds)
         checks.append(_compare(f"draft[{step}]", logits, ref.logits.numpy()))
-        checks.append(_compare(f"draft[{step}].projected", projected, ref.last_hidden_state.numpy(), argmax=False))
+        checks.append(_compare(f"draft[{step}].projected", projected, ref.last_hidden_state.numpy(), logits=False))
         token, hidden = int(ref.logits[0, -1].argmax()), ref.last_hidden_state
     return checks
 

@@ -23,7 +23,17 @@ examples:
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("dir", type=Path, help="export folder written by 'mtpkit export'")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    p.add_argument("--backend", default=None, help="onnx | litert (default: onnx when the export has it)")
     if name == "parity":
+        p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
+        return
+    if name == "bench":
+        p.epilog = "Without --prompt, benchmarks the export's reference prompts. Reports ratios from one run."
+        p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+        p.add_argument("--repeats", type=int, default=3, help="interleaved runs per prompt (median reported)")
+        p.add_argument("--max-new-tokens", type=int, default=64)
+        p.add_argument("--num-assistant-tokens", "-k", type=int, default=None)
+        p.add_argument("--schedule", default=None, help="constant | heuristic")
         p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
         return
     p.epilog = RUN_EPILOG
@@ -45,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.command == "parity":
         return _parity(args)
+    if args.command == "bench":
+        return _bench(args)
     from .engine import Engine, GenConfig
     from .sampling import SamplingConfig
     from .stats import Stats
@@ -53,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = GenConfig(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_assistant_tokens=args.num_assistant_tokens,
                     schedule=args.schedule, draft_cap=args.draft_cap, kv_handoff=args.kv_handoff,
                     sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
-    engine = Engine(args.dir, args.threads)
+    engine = Engine(args.dir, args.threads, args.backend)
     prompt_ids = engine.codec.encode(args.prompt, chat=args.chat)
     stats, out = Stats(), []
     stream = StreamDecoder(engine.codec)
@@ -83,13 +95,38 @@ def _stats_line(s: dict, mtp: bool) -> str:
 def _parity(args) -> int:
     from .parity import run_parity
 
-    report = run_parity(args.dir, args.threads)
+    report = run_parity(args.dir, args.threads, args.backend)
     if args.json_file:
         args.json_file.write_text(json.dumps(report, indent=2) + "\n")
     for r in report["results"]:
         if not r["ok"]:
             print(f"MISMATCH [{r['prompt']}] {r['name']} (first at {r['first_mismatch']})", file=sys.stderr)
     verdict = "PASS" if report["ok"] else "FAIL"
-    print(f"parity {verdict}: {report['checks'] - report['failed']}/{report['checks']} checks passed over "
-          f"{len(report['prompts'])} prompts, k in {report['draft_lengths']}")
+    print(f"parity {verdict} ({report['backend']}): {report['checks'] - report['failed']}/{report['checks']} checks "
+          f"passed over {len(report['prompts'])} prompts, k in {report['draft_lengths']}")
+    if report["draft_lengths_not_supported"]:
+        print(f"  not run: k in {report['draft_lengths_not_supported']} (beyond this export's static verify length)")
     return 0 if report["ok"] else 1
+
+
+def _bench(args) -> int:
+    from .bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens,
+                      num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule)
+    report = run_bench(args.dir, cfg, args.prompt, args.threads, args.backend)
+    if args.json_file:
+        args.json_file.write_text(json.dumps(report, indent=2) + "\n")
+    print_bench(report, args.repeats)
+    return 0
+
+
+def print_bench(report: dict, repeats: int) -> None:
+    print(f"{'prompt':<10} {'plain ms/tok':>12} {'spec ms/tok':>12} {'speedup':>8} {'accept':>7} {'tok/call':>8}")
+    for r in report["rows"]:
+        acc = f"{100 * r['acceptance_rate']:.0f}%" if r["acceptance_rate"] is not None else "-"
+        per_call = f"{r['tokens_per_target_call']:.2f}" if r["tokens_per_target_call"] else "-"
+        print(f"{r['prompt']:<10} {r['plain_ms_per_token']:>12.2f} {r['speculative_ms_per_token']:>12.2f} "
+              f"{r['speedup']:>7.2f}x {acc:>7} {per_call:>8}")
+    print(f"median speedup {report['median_speedup']:.2f}x ({report['backend']}, speculative vs plain on the same "
+          f"graphs, {repeats} interleaved repeats)")

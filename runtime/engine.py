@@ -41,12 +41,20 @@ class GenConfig:
 
 
 class Engine:
-    def __init__(self, export_dir: str | Path, threads: int | None = None):
+    def __init__(self, export_dir: str | Path, threads: int | None = None, backend: str | None = None):
         self.manifest = load_manifest(export_dir)
-        self.session = open_session(self.manifest, threads)
-        self.kv = KVCache(self.manifest)
-        self.target = Target(self.session, self.kv)
-        self.drafter = Drafter(self.session, Embeddings(self.manifest))
+        self.session = open_session(self.manifest, backend, threads)
+        if self.session.backend.kv_io == "window":
+            self.kv = KVCache(self.manifest)
+            self.target = Target(self.session, self.kv)
+            self.drafter = Drafter(self.session, Embeddings(self.manifest))
+        else:  # whole-cache state tensors with static shapes (LiteRT)
+            from .litert import StateKV, StateTarget, StateDrafter
+
+            self.kv = StateKV(self.manifest, self.session.backend)
+            self.target = StateTarget(self.session, self.kv)
+            self.drafter = StateDrafter(self.session, self.kv)
+        self.max_draft = self.target.max_draft
         self.codec = TextCodec(self.manifest)
 
     def schedule(self, cfg: GenConfig) -> DraftSchedule:
@@ -54,13 +62,19 @@ class Engine:
         k = cfg.num_assistant_tokens or int(gen["num_assistant_tokens"])
         kind = cfg.schedule or gen.get("num_assistant_tokens_schedule", "constant")
         kind = kind if kind in SCHEDULES else "constant"
-        return DraftSchedule(kind, k, max(cfg.draft_cap, k))
+        cap = max(cfg.draft_cap, k)
+        if self.max_draft is not None:  # static verify length (LiteRT): k + 1 tokens must fit in it
+            if k > self.max_draft:
+                raise ValueError(f"this {self.session.backend.kind} export verifies at most {self.max_draft} drafts per "
+                                 f"round; use --num-assistant-tokens <= {self.max_draft} or re-export with a longer verify")
+            cap = min(cap, self.max_draft)
+        return DraftSchedule(kind, k, cap)
 
     def generate(self, prompt_ids: list[int], cfg: GenConfig, stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
         """Yields (token, from_draft); fills stats (timings, acceptance, calls) as it goes."""
         if not prompt_ids:
             raise ValueError("the prompt is empty; pass some text")
-        needed = len(prompt_ids) + cfg.max_new_tokens
+        needed = self.target.positions_needed(len(prompt_ids), cfg.max_new_tokens)
         if needed > self.kv.capacity:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + --max-new-tokens ({cfg.max_new_tokens}) exceeds the "
                              f"export's KV capacity of {self.kv.capacity} tokens; shorten them or re-export with a "

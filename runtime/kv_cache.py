@@ -58,32 +58,31 @@ class KVCache:
                 "shorten the prompt or --max-new-tokens, or re-export with a larger --max-cache-len")
 
     def drafter_view(self, pos: int, mode: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """The store-layer K/V the drafter sees when drafting for the newest token at `pos`.
-
-        clean: only committed positions (< pos); full sees all of them, sliding the last W+1.
-        hf: what transformers 5.24 hands over: the last target call's K/V sliced to [:pos+1], which after a
-            partial accept includes the rejected draft at `pos` (and, for sliding layers, later ones).
-        """
-        if mode == "clean":
-            ranges = {"full_attention": (0, pos), "sliding_attention": (max(0, pos - self.drafter_sliding), pos)}
-        elif mode == "hf":
-            ranges = self._hf_ranges(pos)
-        else:
-            raise ValueError(f"unknown KV hand-off mode {mode!r}; use clean or hf")
+        """The store-layer K/V the drafter sees when drafting for the newest token at `pos` (see drafter_ranges)."""
         view = {}
-        for layer_type, (lo, hi) in ranges.items():
+        for layer_type, (lo, hi) in drafter_ranges(pos, mode, self.last, self.sliding_past, self.drafter_sliding).items():
             k, v = self.buffers[self.drafter_layers[layer_type]]
             view[layer_type] = (_contiguous(k[:, :, lo:hi]), _contiguous(v[:, :, lo:hi]))
         return view
 
-    def _hf_ranges(self, pos: int) -> dict[str, tuple[int, int]]:
-        start, end = self.last.start, self.last.end
-        length = pos + 1  # transformers slices the returned K/V to the committed sequence length
-        full_hi = min(end, length)
-        # sliding: the returned tensor covers [max(0, start-(W-1)), end), sliced to its first `length` entries
-        lo = max(0, start - self.sliding_past)
-        hi = min(end, lo + length)
-        return {"full_attention": (0, full_hi), "sliding_attention": (max(lo, hi - self.drafter_sliding), hi)}
+
+def drafter_ranges(pos: int, mode: str, last: LastCall, sliding_past: int, sliding_visible: int) -> dict:
+    """[lo, hi) of cache positions the drafter attends to, per layer type.
+
+    clean: only committed positions (< pos); full sees all of them, sliding the last W+1.
+    hf: what transformers 5.24 hands over: the last target call's K/V sliced to [:pos+1], which after a
+        partial accept includes the rejected draft at `pos` (and, for sliding layers, later ones).
+    """
+    if mode == "clean":
+        return {"full_attention": (0, pos), "sliding_attention": (max(0, pos - sliding_visible), pos)}
+    if mode != "hf":
+        raise ValueError(f"unknown KV hand-off mode {mode!r}; use clean or hf")
+    length = pos + 1  # transformers slices the returned K/V to the committed sequence length
+    # sliding: the returned tensor covers [max(0, start-(W-1)), end), sliced to its first `length` entries
+    lo = max(0, last.start - sliding_past)
+    hi = min(last.end, lo + length)
+    return {"full_attention": (0, min(last.end, length)),
+            "sliding_attention": (max(lo, hi - sliding_visible), hi)}
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:

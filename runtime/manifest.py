@@ -26,6 +26,13 @@ class TensorSpec:
     shape: list  # ints, or strings for dynamic dims ("T", "past")
     dtype: str  # numpy dtype name
     layer: int | None = None  # target layer index, for KV tensors
+    seq_axis: int | None = None  # sequence axis of a KV state tensor (LiteRT stores V transposed)
+    layer_type: str | None = None  # for per-type tensors without a layer (the drafter's explicit masks)
+
+    @property
+    def key(self) -> tuple[str, int | str | None]:
+        """How runtimes address the tensor: (role, layer or layer type)."""
+        return self.role, self.layer if self.layer is not None else self.layer_type
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,24 @@ class GraphFile:
 
 
 @dataclass(frozen=True)
+class Backend:
+    """One graph format in the export folder: its files, signatures and how its KV cache is exchanged."""
+
+    kind: str  # onnx | litert
+    kv_io: str  # window: past window in, new entries out (ONNX); state: whole cache in and out (LiteRT)
+    graphs: dict[str, GraphFile]
+    signatures: dict[str, Signature]
+    options: dict = field(default_factory=dict)  # backend specifics: static lengths, mask values, bundle
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Backend":
+        d = dict(d)
+        d["graphs"] = {k: GraphFile(**v) for k, v in d["graphs"].items()}
+        d["signatures"] = {k: _signature(v) for k, v in d["signatures"].items()}
+        return cls(**d)
+
+
+@dataclass(frozen=True)
 class Manifest:
     schema_version: int
     mtpkit_version: str
@@ -70,9 +95,8 @@ class Manifest:
     tokenizer: dict  # file, chat_template_file
     generation: dict  # num_assistant_tokens, max_cache_len
     kv_cache: dict  # capacity, dtype, layers [KVLayer], drafter_layers {type: layer}
-    embedding: dict  # host-side table shared with the target graph: file, offset, shape, dtype, scale
-    graphs: dict[str, GraphFile]
-    signatures: dict[str, Signature]
+    embedding: dict  # host-side table shared with the ONNX target graph: file, offset, shape, dtype, scale
+    backends: dict[str, Backend]  # onnx and/or litert
     quantization: dict
     reference: dict | None = None
     root: Path = field(default=Path("."), compare=False)
@@ -80,6 +104,15 @@ class Manifest:
     @property
     def kv_layers(self) -> list[KVLayer]:
         return [KVLayer(**d) for d in self.kv_cache["layers"]]
+
+    def backend(self, kind: str | None = None) -> Backend:
+        """The requested backend, or the only / first one (onnx before litert) when kind is None."""
+        if kind is None:
+            kind = "onnx" if "onnx" in self.backends else next(iter(self.backends))
+        if kind not in self.backends:
+            raise ManifestError(f"this export has no {kind} graphs (it has: {', '.join(self.backends)}); "
+                                f"re-export with --backend {kind}")
+        return self.backends[kind]
 
     @property
     def eos_ids(self) -> list[int]:
@@ -106,8 +139,7 @@ class Manifest:
                 "re-export with this mtpkit version"
             )
         d = dict(d)
-        d["graphs"] = {k: GraphFile(**v) for k, v in d["graphs"].items()}
-        d["signatures"] = {k: _signature(v) for k, v in d["signatures"].items()}
+        d["backends"] = {k: Backend.from_dict(v) for k, v in d["backends"].items()}
         return cls(**d, root=Path(root))
 
 
@@ -120,7 +152,7 @@ def _signature(d: dict) -> Signature:
 
 def _find(specs: list[TensorSpec], role: str, layer: int | None) -> TensorSpec:
     for t in specs:
-        if t.role == role and (layer is None or t.layer == layer):
+        if t.role == role and (layer is None or t.layer == layer or t.layer_type == layer):
             return t
     raise ManifestError(f"manifest has no tensor with role {role!r}" + (f" for layer {layer}" if layer is not None else ""))
 
@@ -159,7 +191,8 @@ def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
 
 
 def verify_files(manifest: Manifest) -> None:
-    for name, g in manifest.graphs.items():
+    graphs = [(f"{kind} {name}", g) for kind, b in manifest.backends.items() for name, g in b.graphs.items()]
+    for name, g in graphs:
         for fname, digest in [(g.file, g.sha256), *g.data_files.items()]:
             p = manifest.path(fname)
             if not p.is_file():

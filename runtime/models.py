@@ -27,11 +27,16 @@ class Embeddings:
 
 
 class Target:
+    max_draft = None  # dynamic T: any draft length fits in one verify call
+
     def __init__(self, session: GraphSession, kv: KVCache):
         self.session = session
         self.kv = kv
         self.layers = list(kv.buffers)
         self.calls = 0
+
+    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        return prompt_len + max_new_tokens
 
     def forward(self, ids: list[int], pos: int, signature: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Run the target on ids at positions pos..; returns logits [T, V] and final-norm hidden [T, H]."""
@@ -52,8 +57,8 @@ class Drafter:
     def __init__(self, session: GraphSession, embeddings: Embeddings):
         self.session = session
         self.embed = embeddings
-        sig = session.manifest.signatures["draft"]
-        self.kv_roles = [(t.role, t.layer) for t in sig.inputs if t.role.endswith(("_key", "_value"))]
+        sig = session.backend.signatures["draft"]
+        self.kv_roles = [t.key for t in sig.inputs if t.role.endswith(("_key", "_value"))]
         self.calls = 0
 
     def step(self, token: int, hidden: np.ndarray, pos: int, view: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -60,17 +60,20 @@ def check_prompt(engine: Engine, entry: dict, max_new: int, draft_lengths: list[
     return checks
 
 
-def run_parity(export_dir, threads: int | None = None) -> dict:
+def run_parity(export_dir, threads: int | None = None, backend: str | None = None) -> dict:
     """Returns the report; report['ok'] is False on any mismatch."""
-    engine = Engine(export_dir, threads)
+    engine = Engine(export_dir, threads, backend)
     ref_entry = engine.manifest.reference
     if not ref_entry:
         raise ValueError(f"{export_dir} has no transformers reference; re-export with 'mtpkit export' to record one")
     ref = json.loads(engine.manifest.path(ref_entry["file"]).read_text())
+    # a static verify length (LiteRT) bounds k; longer recorded draft lengths are reported as not run
+    lengths = [k for k in ref_entry["draft_lengths"] if engine.max_draft is None or k <= engine.max_draft]
+    skipped = sorted(set(ref_entry["draft_lengths"]) - set(lengths))
     checks = []
     for entry in ref["prompts"]:
-        checks += check_prompt(engine, entry, ref["max_new_tokens"], ref_entry["draft_lengths"])
+        checks += check_prompt(engine, entry, ref["max_new_tokens"], lengths)
     failed = [c for c in checks if not c.ok]
-    return {"ok": not failed, "checks": len(checks), "failed": len(failed),
-            "prompts": [e["name"] for e in ref["prompts"]], "draft_lengths": ref_entry["draft_lengths"],
-            "results": [c.__dict__ for c in checks]}
+    return {"ok": not failed, "backend": engine.session.backend.kind, "checks": len(checks), "failed": len(failed),
+            "prompts": [e["name"] for e in ref["prompts"]], "draft_lengths": lengths,
+            "draft_lengths_not_supported": skipped, "results": [c.__dict__ for c in checks]}

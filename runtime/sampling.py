@@ -85,8 +85,10 @@ class Sampler:
     def probs(self, logits) -> np.ndarray:
         """Processed float64 distribution: temperature, then top-k, then top-p (HF order)."""
         x = _as_logits(logits)
-        if self.cfg.greedy:
-            return np.eye(x.size, dtype=np.float64)[int(np.argmax(x))]
+        if self.cfg.greedy:  # a one-hot; never np.eye(V): that is V*V floats (549 GB at Gemma's 262k vocab)
+            one_hot = np.zeros(x.size, dtype=np.float64)
+            one_hot[int(np.argmax(x))] = 1.0
+            return one_hot
         with np.errstate(over="ignore"):  # overflow to +inf is handled by _softmax
             p = _softmax(x / self.cfg.temperature)
         if 0 < self.cfg.top_k < p.size or self.cfg.top_p < 1.0:
@@ -107,9 +109,10 @@ class Sampler:
 
     def draft(self, logits) -> tuple[int, np.ndarray]:
         """Drafter side: (token, q) with token ~ q; the verifier must get this same q."""
+        if self.cfg.greedy:  # greedy acceptance never reads q, so skip building it
+            return int(np.argmax(_as_logits(logits))), None
         q = self.probs(logits)
-        token = int(np.argmax(q)) if self.cfg.greedy else self._sample(q)
-        return token, q
+        return self._sample(q), q
 
     def accept(self, target_logits, draft_token: int, q: np.ndarray) -> tuple[bool, int | None]:
         """One draft position. Returns (accepted, replacement or None)."""

@@ -11,11 +11,12 @@ from typing import Protocol
 
 import numpy as np
 
-from .manifest import Manifest, ManifestError, Signature
+from .manifest import Backend, Manifest, ManifestError
 
 
 class GraphSession(Protocol):
     manifest: Manifest
+    backend: Backend
 
     def run(self, signature: str, feeds: dict[tuple[str, int | None], np.ndarray]) -> dict[tuple[str, int | None], np.ndarray]:
         """feeds and outputs are keyed by (role, layer); layer is None for non-KV tensors."""
@@ -34,10 +35,10 @@ class OrtSession:
       preallocated buffers; past windows are passed as numpy views, so there is no large copy to save.
     """
 
-    def __init__(self, manifest: Manifest, threads: int | None = None):
+    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None):
         import onnxruntime as ort
 
-        self.manifest = manifest
+        self.manifest, self.backend = manifest, backend
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or os.cpu_count() or 1
         opts.inter_op_num_threads = 1
@@ -46,29 +47,24 @@ class OrtSession:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
         self._sessions = {}
-        for name, graph in manifest.graphs.items():
-            if graph.backend != "onnx":
-                raise ManifestError(f"graph {name} is a {graph.backend} graph; open it with the {graph.backend} backend")
+        for name, graph in backend.graphs.items():
             self._sessions[name] = ort.InferenceSession(str(manifest.path(graph.file)), opts,
                                                         providers=["CPUExecutionProvider"])
 
     def run(self, signature: str, feeds: dict) -> dict:
-        sig = self.manifest.signatures[signature]
-        named = {t.name: feeds[(t.role, t.layer)] for t in sig.inputs}
-        names = [t.name for t in sig.outputs]
-        values = self._sessions[sig.graph].run(names, named)
-        return {(t.role, t.layer): v for t, v in zip(sig.outputs, values)}
+        sig = self.backend.signatures[signature]
+        named = {t.name: feeds[t.key] for t in sig.inputs}
+        values = self._sessions[sig.graph].run([t.name for t in sig.outputs], named)
+        return {t.key: v for t, v in zip(sig.outputs, values)}
 
 
-BACKENDS = {"onnx": OrtSession}
+def open_session(manifest: Manifest, kind: str | None = None, threads: int | None = None) -> GraphSession:
+    """A session for one backend of the export (default: onnx when present)."""
+    backend = manifest.backend(kind)
+    if backend.kind == "onnx":
+        return OrtSession(manifest, backend, threads)
+    if backend.kind == "litert":
+        from .litert import LiteRtSession  # imported lazily: ai-edge-litert is an optional dependency
 
-
-def open_session(manifest: Manifest, threads: int | None = None) -> GraphSession:
-    backends = {g.backend for g in manifest.graphs.values()}
-    if len(backends) != 1 or next(iter(backends)) not in BACKENDS:
-        raise ManifestError(f"no runtime backend for graphs of type {sorted(backends)}; supported: {sorted(BACKENDS)}")
-    return BACKENDS[backends.pop()](manifest, threads)
-
-
-def signature_layers(sig: Signature, role: str) -> list[int]:
-    return [t.layer for t in sig.inputs if t.role == role]
+        return LiteRtSession(manifest, backend, threads)
+    raise ManifestError(f"no runtime backend for {backend.kind!r} graphs; this mtpkit runs onnx and litert")

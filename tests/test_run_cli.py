@@ -75,3 +75,25 @@ def test_modified_graph_is_refused(tiny_exports, tmp_path):
 def test_not_an_export_folder(tmp_path):
     result = _run(tmp_path, "--prompt", "hi")
     assert result.returncode == 2 and "has no manifest.json" in result.stderr
+
+
+def test_bench_reports_both_modes_and_a_ratio(tiny_exports, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "mtpkit", "bench", str(tiny_exports("e2b_gemma4_centroid")),
+                             "--repeats", "1", "--max-new-tokens", "8", "--json", str(tmp_path / "b.json")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert len(report["rows"]) >= 4 and report["median_speedup"] > 0
+    for row in report["rows"]:
+        assert row["plain_ms_per_token"] > 0 and row["speculative_ms_per_token"] > 0
+        assert row["speedup"] == pytest.approx(row["plain_ms_per_token"] / row["speculative_ms_per_token"])
+    assert "median speedup" in result.stdout
+
+
+def test_help_teaches(tmp_path):
+    top = subprocess.run([sys.executable, "-m", "mtpkit", "--help"], capture_output=True, text=True)
+    assert top.returncode == 0
+    for cmd in ("make-tiny", "export", "run", "parity", "bench"):
+        assert cmd in top.stdout
+    export = subprocess.run([sys.executable, "-m", "mtpkit", "export", "--help"], capture_output=True, text=True)
+    assert "--drafter" in export.stdout and "example" in export.stdout

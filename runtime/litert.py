@@ -1,0 +1,159 @@
+"""LiteRT backend: signature runners over .tflite files, static shapes, whole-cache KV state in and out.
+
+Driven the way LiteRT-LM drives these graphs: the prompt (all but its last token) is prefilled in padded
+chunks of the exported prefill length, the last prompt token goes through `decode`, drafts are verified with
+`verify` padded to its static length. Padded slots write garbage K/V beyond the committed positions; masks
+are positional, so that garbage is never visible and is overwritten later, exactly like a rejected draft.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .kv_cache import CacheFullError, LastCall, drafter_ranges
+from .manifest import Backend, Manifest
+
+
+class LiteRtSession:
+    """ai_edge_litert Interpreter signature runners, one Interpreter per .tflite file."""
+
+    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None):
+        from ai_edge_litert.interpreter import Interpreter
+
+        self.manifest, self.backend = manifest, backend
+        self._runners = {}
+        for name, graph in backend.graphs.items():
+            if not graph.file.endswith(".tflite"):
+                continue  # the .litertlm bundle is for LiteRT-LM, not for signature runners
+            interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=threads or os.cpu_count() or 1)
+            self._runners[name] = interp
+        self._cache = {}
+
+    def run(self, signature: str, feeds: dict) -> dict:
+        sig = self.backend.signatures[signature]
+        if signature not in self._cache:
+            self._cache[signature] = self._runners[sig.graph].get_signature_runner(sig.backend_name)
+        out = self._cache[signature](**{t.name: feeds[t.key] for t in sig.inputs})
+        return {t.key: out[t.name] for t in sig.outputs}
+
+
+class StateKV:
+    """The target's cache tensors (K [1,h,C,d], V [1,h,d,C]), passed whole to every call and replaced by its outputs."""
+
+    def __init__(self, manifest: Manifest, backend: Backend):
+        opts = backend.options
+        decode = backend.signatures["decode"]
+        self.tensors = {t.key: np.zeros(t.shape, np.dtype(t.dtype)) for t in decode.inputs if t.role.startswith("kv_")}
+        self.capacity = int(opts["cache_len"])
+        self.hidden = np.float32(opts["mask"]["hidden"])
+        spec = manifest.kv_cache
+        self.sliding_past = int(spec["sliding_past"])
+        self.drafter_sliding = int(spec["drafter_sliding_visible"])
+        self.last = LastCall()
+
+    def update(self, out: dict) -> None:
+        for key in self.tensors:
+            self.tensors[key] = out[key]
+
+    def causal_mask(self, pos: int, count: int) -> np.ndarray:
+        """[1,1,count,C]: row i (query at pos+i) sees every slot <= pos+i; the graph adds the sliding window."""
+        slots = np.arange(self.capacity)
+        rows = pos + np.arange(count)[:, None]
+        return np.where(slots[None, :] <= rows, np.float32(0), self.hidden).astype(np.float32)[None, None]
+
+    def drafter_view(self, pos: int, mode: str):
+        """None selects the drafter graph's in-graph clean view; hf needs explicit [lo, hi) ranges."""
+        if mode == "clean":
+            return None
+        return drafter_ranges(pos, mode, self.last, self.sliding_past, self.drafter_sliding)
+
+    def range_mask(self, lo: int, hi: int) -> np.ndarray:
+        slots = np.arange(self.capacity)
+        return np.where((slots >= lo) & (slots < hi), np.float32(0), self.hidden).astype(np.float32).reshape(1, 1, 1, -1)
+
+
+class StateTarget:
+    def __init__(self, session: LiteRtSession, kv: StateKV):
+        self.session, self.kv = session, kv
+        opts = session.backend.options
+        self.prefill = sorted(opts["prefill"], key=lambda p: p["num_tokens"])  # [{num_tokens, signature}]
+        self.verify_len = int(opts["verify_len"])
+        self.max_draft = self.verify_len - 1
+        self.calls = 0
+
+    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        n = self.prefill[-1]["num_tokens"]
+        prefill_end = -(-(prompt_len - 1) // n) * n  # padded prefill chunks
+        return max(prefill_end, prompt_len + max_new_tokens + self.verify_len)  # a padded verify may overhang
+
+    def _call(self, signature: str, ids: list[int], pos: int) -> dict:
+        if pos + len(ids) > self.kv.capacity:
+            raise CacheFullError(f"KV cache full: position {pos + len(ids)} is past the export's cache_len "
+                                 f"{self.kv.capacity}; re-export with a larger --max-cache-len")
+        emb, ple = embed(self.session, ids)
+        feeds = {("embeddings", None): emb, ("input_pos", None): np.arange(pos, pos + len(ids), dtype=np.int32),
+                 ("mask", None): self.kv.causal_mask(pos, len(ids)), **self.kv.tensors}
+        if ple is not None:
+            feeds[("per_layer_embeddings", None)] = ple
+        out = self.session.run(signature, feeds)
+        self.kv.update(out)
+        self.calls += 1
+        return out
+
+    def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Same contract as the ONNX Target; after a prefill only the last row is returned."""
+        start = pos  # the logical call covers all of ids, however many graph calls it takes
+        if pos == 0 and len(ids) > 1:
+            chunk = self.prefill[-1]
+            for start in range(0, len(ids) - 1, chunk["num_tokens"]):
+                part = ids[start:min(start + chunk["num_tokens"], len(ids) - 1)]
+                self._call(chunk["signature"], part + [0] * (chunk["num_tokens"] - len(part)), start)
+            pos, ids = len(ids) - 1, ids[-1:]
+        if len(ids) == 1:
+            out = self._call("decode", ids, pos)
+        else:
+            if len(ids) > self.verify_len:
+                raise ValueError(f"{len(ids) - 1} drafts do not fit the static verify length {self.verify_len}")
+            out = self._call("verify", ids + [0] * (self.verify_len - len(ids)), pos)
+        self.kv.last.start, self.kv.last.end = start, pos + len(ids)
+        n = len(ids)
+        return out[("logits", None)][0, :n], out[("activations", None)][0, :n]
+
+
+class StateDrafter:
+    """LiteRT-LM's drafter contract: `draft` computes the clean view in-graph; `draft_masked` takes explicit
+    masks, which is how the hf hand-off (transformers' exact view) is reproduced."""
+
+    def __init__(self, session: LiteRtSession, kv: StateKV):
+        self.session, self.kv = session, kv
+        sig = session.backend.signatures["draft"]
+        self.kv_keys = [t.key for t in sig.inputs if t.role.startswith("kv_")]
+        self.calls = 0
+
+    def step(self, token: int, hidden: np.ndarray, pos: int, view: dict) -> tuple[np.ndarray, np.ndarray]:
+        emb, _ = embed(self.session, [token])  # the target's scaled embedding, from its embedder
+        feeds = {("activations_in", None): np.concatenate([emb, hidden.reshape(1, 1, -1)], axis=-1),
+                 ("input_pos", None): np.asarray([pos], np.int32), **{k: self.kv.tensors[k] for k in self.kv_keys}}
+        if view is None:
+            feeds[("mask", None)] = self.kv.causal_mask(pos, 1)
+            out = self.session.run("draft", feeds)
+        else:
+            for layer_type, (lo, hi) in view.items():
+                feeds[("mask", layer_type)] = self.kv.range_mask(lo, hi)
+            out = self.session.run("draft_masked", feeds)
+        self.calls += 1
+        return out[("logits", None)][0, -1], out[("projected_activations", None)][0, -1]
+
+
+
+def embed(session: LiteRtSession, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-token lookups through the embedder signatures (as LiteRT-LM's embedding managers do)."""
+    emb, ple = [], []
+    for t in ids:
+        token = {("token_ids", None): np.asarray([[t]], np.int32)}
+        emb.append(session.run("embed_decode", token)[("embeddings", None)])
+        if "per_layer_embed_decode" in session.backend.signatures:
+            ple.append(session.run("per_layer_embed_decode", token)[("per_layer_embeddings", None)])
+    return np.concatenate(emb, axis=1), (np.concatenate(ple, axis=1) if ple else None)

@@ -1,0 +1,71 @@
+"""The LiteRT backend through the same runtime: parity with transformers, cross-backend agreement, static k."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("ai_edge_litert")
+pytest.importorskip("litert_torch")
+
+from mtpkit.runtime.engine import Engine, GenConfig  # noqa: E402
+from mtpkit.runtime.manifest import load_manifest  # noqa: E402
+from mtpkit.runtime.parity import run_parity  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.litert]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory, tiny_checkpoints):
+    """One export with ONNX and LiteRT graphs; verify length 9 so k in {1,2,4,8} all fit."""
+    from mtpkit.export.config import ExportConfig
+    from mtpkit.export.pipeline import export_model
+
+    target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
+    out = tmp_path_factory.mktemp("litert") / "both"
+    return export_model(ExportConfig(target=str(target), drafter=str(drafter), out=out, backend="onnx,litert",
+                                     reference_tokens=24, max_cache_len=256, prefill_len=16, num_draft=8))
+
+
+def test_manifest_describes_both_backends(both):
+    manifest = load_manifest(both)
+    assert set(manifest.backends) == {"onnx", "litert"}
+    lite = manifest.backend("litert")
+    assert lite.kv_io == "state" and lite.options["verify_len"] == 9 and lite.options["cache_len"] == 256
+    assert {"decode", "verify", "draft", "draft_masked", "embed_decode", "prefill_16"} <= set(lite.signatures)
+    assert lite.signatures["draft"].backend_name == "draft"
+    assert (both / lite.graphs["bundle"].file).read_bytes()[:8] == b"LITERTLM"
+    kv = [t for t in lite.signatures["decode"].inputs if t.role == "kv_value"]
+    assert kv and all(t.seq_axis == 3 for t in kv)  # LiteRT keeps V transposed; the manifest says so
+
+
+def test_litert_parity_passes_like_onnx(both):
+    onnx_report, lite_report = run_parity(both, backend="onnx"), run_parity(both, backend="litert")
+    assert onnx_report["ok"] and lite_report["ok"], [r for r in lite_report["results"] if not r["ok"]][:3]
+    assert lite_report["draft_lengths"] == [1, 2, 4, 8] and lite_report["checks"] == onnx_report["checks"]
+
+
+def test_onnx_and_litert_give_the_same_greedy_tokens(both):
+    prompts = [[2, 80, 81, 82], [2] + list(range(40, 70))]
+    for ids in prompts:
+        for mtp in (False, True):
+            cfg = GenConfig(max_new_tokens=20, mtp=mtp, num_assistant_tokens=3)
+            onnx = [t for t, _ in Engine(both, backend="onnx").generate(ids, cfg)]
+            lite = [t for t, _ in Engine(both, backend="litert").generate(ids, cfg)]
+            assert onnx == lite
+
+
+def test_a_k_beyond_the_static_verify_length_is_refused(both):
+    result = subprocess.run([sys.executable, "-m", "mtpkit", "run", str(both), "--backend", "litert", "--prompt", "hi",
+                             "-k", "9"], capture_output=True, text=True)
+    assert result.returncode == 2 and "verifies at most 8 drafts per round" in result.stderr
+
+
+def test_run_cli_on_litert(both):
+    result = subprocess.run([sys.executable, "-m", "mtpkit", "run", str(both), "--backend", "litert", "--prompt",
+                             "def f(x):", "--max-new-tokens", "10", "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["output_ids"]) == 10
