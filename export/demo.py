@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
@@ -45,6 +46,53 @@ def run(args: argparse.Namespace) -> int:
               f"{report['checks']} checks, k in {report['draft_lengths']}")
         print_bench(run_bench(out, BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens),
                               threads=args.threads, backend=backend), args.repeats)
+        report = heldout_check(out, backend, args.threads, args.max_new_tokens)
+        (out / f"demo_{backend}.json").write_text(json.dumps(report, indent=2) + "\n")
+        print_heldout(report)
     if not ok:
         raise CommandError("parity failed; see `mtpkit parity DIR` for the mismatches")
     return 0
+
+
+def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: int) -> dict:
+    """The runtime on the held-out prompts transformers was measured on (pair.json): acceptance, tokens per
+    target call (prefill call included, as in pair.json) and wall-clock speed-up over plain decoding."""
+    import statistics
+
+    from mtpkit.runtime.bench import BenchConfig, bench_prompt
+    from mtpkit.runtime.engine import Engine, GenConfig
+    from mtpkit.runtime.stats import Stats
+
+    from .train_tiny import ASSETS
+    from .training.corpus import load_corpus
+    from .training.measure import eval_prompts
+
+    pair = json.loads((ASSETS / "pair.json").read_text())
+    engine = Engine(out, threads, backend)
+    rows = []
+    for category, text in eval_prompts(load_corpus().heldout, pair["config"]["eval_prompts"]):
+        ids = [engine.manifest.tokens["bos"], *engine.codec.tokenizer.encode(text, add_special_tokens=False).ids]
+        row = {"category": category}
+        for mode in ("hf", "clean"):
+            stats = Stats()
+            for _ in engine.generate(ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=4,
+                                                    kv_handoff=mode), stats):
+                pass
+            first = stats.accepted_at[0] / stats.drafted_at[0] if stats.drafted_at else 0.0
+            row[mode] = {"new_tokens": stats.new_tokens, "target_calls": stats.target_calls, "pos1": first}
+        row["bench"] = bench_prompt(engine, category, ids, BenchConfig(repeats=1, max_new_tokens=max_new_tokens,
+                                                                         num_assistant_tokens=4))
+        rows.append(row)
+    summary = {mode: sum(r[mode]["new_tokens"] for r in rows) / sum(r[mode]["target_calls"] for r in rows)
+               for mode in ("hf", "clean")}
+    return {"backend": backend, "prompts": len(rows), "rows": rows, "tokens_per_target_call": summary,
+            "transformers_tokens_per_target_call": pair["figures"]["all"]["tokens_per_target_call"],
+            "median_speedup": statistics.median(r["bench"]["speedup"] for r in rows)}
+
+
+def print_heldout(report: dict) -> None:
+    t = report["tokens_per_target_call"]
+    print(f"held-out prompts ({report['prompts']}, {report['backend']}): tokens per target call "
+          f"{t['hf']:.2f} with transformers' hand-off (transformers measured "
+          f"{report['transformers_tokens_per_target_call']:.2f}), {t['clean']:.2f} with the clean hand-off; "
+          f"median wall-clock speed-up {report['median_speedup']:.2f}x over plain decoding")

@@ -18,14 +18,15 @@ from mtpkit.runtime.parity import run_parity  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.litert]
 
 
-@pytest.fixture(scope="module")
-def both(tmp_path_factory, tiny_checkpoints):
-    """One export with ONNX and LiteRT graphs; verify length 9 so k in {1,2,4,8} all fit."""
+@pytest.fixture(scope="module", params=["e2b_gemma4_centroid", "e4b_text_dense"])
+def both(request, tmp_path_factory, tiny_checkpoints):
+    """One export with ONNX and LiteRT graphs per target layout / drafter head; verify length 9 so k in
+    {1,2,4,8} all fit."""
     from mtpkit.export.config import ExportConfig
     from mtpkit.export.pipeline import export_model
 
-    target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
-    out = tmp_path_factory.mktemp("litert") / "both"
+    target, drafter = tiny_checkpoints(request.param)
+    out = tmp_path_factory.mktemp("litert") / request.param
     return export_model(ExportConfig(target=str(target), drafter=str(drafter), out=out, backend="onnx,litert",
                                      reference_tokens=24, max_cache_len=256, prefill_len=16, num_draft=8))
 
