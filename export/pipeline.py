@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -55,7 +56,7 @@ def export_model(cfg: ExportConfig) -> Path:
         manifest.save(tmp)
         if cfg.check:
             log.info("[4/5] checking every graph against PyTorch")
-            checks = verify.check_onnx(Manifest.from_dict(manifest.to_dict(), tmp), target, drafter,
+            checks = verify.check_onnx(manifest, target, drafter,
                                        manifest_prompt(manifest, tmp))
             (tmp / "graph_parity.json").write_text(json.dumps([c.__dict__ | {"ok": c.ok} for c in checks], indent=2))
             for c in checks:
@@ -129,14 +130,7 @@ def _add_litert(cfg, tmp: Path, manifest: Manifest, target, drafter, target_src)
                                         cache_len=cfg.max_cache_len, num_draft=num_draft)
     log.info("  LiteRT export took %.1f s, peak memory %.0f MB", info["export_seconds"], info["peak_rss_mb"])
     backend = litert_manifest(tmp, info)
-    backends = {**manifest.backends, "litert": backend}
-    return Manifest.from_dict({**manifest.to_dict(), "backends": {k: _asdict(v) for k, v in backends.items()}}, tmp)
-
-
-def _asdict(backend: Backend) -> dict:
-    import dataclasses
-
-    return dataclasses.asdict(backend)
+    return dataclasses.replace(manifest, backends={**manifest.backends, "litert": backend})
 
 
 def litert_manifest(folder: Path, info: dict) -> Backend:
@@ -233,7 +227,7 @@ def _write_reference(cfg, tmp: Path, manifest: Manifest, target, drafter) -> Man
     np.savez(tmp / "reference.npz", **arrays)
     entry = {"file": "reference.json", "sha256": sha256_file(tmp / "reference.json"), "arrays": "reference.npz",
              "draft_lengths": list(reference_lib.DRAFT_LENGTHS)}
-    return Manifest.from_dict({**manifest.to_dict(), "reference": entry}, tmp)
+    return dataclasses.replace(manifest, reference=entry)
 
 
 def manifest_prompt(manifest: Manifest, root: Path) -> list[int]:

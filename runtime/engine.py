@@ -88,7 +88,7 @@ class Engine:
                                           cfg.max_new_tokens, eos, cfg.kv_handoff, stats)
         else:
             tokens = ((t, False) for t in plain_generate(self.target, prompt_ids, sampler, cfg.max_new_tokens, eos))
-        for item in timed(tokens, stats):
+        try:
+            yield from timed(tokens, stats)
+        finally:  # once per run, also when the caller stops early; not per token
             stats.target_calls, stats.drafter_calls = self.target.calls - t0, self.drafter.calls - d0
-            yield item
-        stats.target_calls, stats.drafter_calls = self.target.calls - t0, self.drafter.calls - d0

@@ -38,10 +38,10 @@ class Target:
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         return prompt_len + max_new_tokens
 
-    def forward(self, ids: list[int], pos: int, signature: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Run the target on ids at positions pos..; returns logits [T, V] and final-norm hidden [T, H]."""
         self.kv.check_room(pos, len(ids))
-        signature = signature or ("decode" if len(ids) == 1 else "verify" if pos else "prefill")
+        signature = "decode" if len(ids) == 1 else "verify" if pos else "prefill"
         feeds = {("input_ids", None): np.asarray([ids], np.int64), ("input_pos", None): np.asarray([pos], np.int64)}
         for layer in self.layers:
             feeds[("past_key", layer)], feeds[("past_value", layer)] = self.kv.past(layer, pos)
