@@ -48,9 +48,9 @@ class TrainConfig:
     seq_len: int = 128
     prompt_len: int = 48  # drafter data: corpus prompt, then the target's greedy continuation to seq_len
     batch: int = 16
-    drafter_batch: int = 8
+    drafter_batch: int = 16  # prompts per drafter step, each continued greedily by the target
     target_steps: int = 1600
-    drafter_steps: int = 700
+    drafter_steps: int = 1500  # acceptance still rose at 700 steps (59.4% at position 1)
     target_lr: float = 2e-3
     drafter_lr: float = 1e-3
     warmup: int = 50

@@ -140,7 +140,7 @@ def train_drafter(drafter, target, train_ids, cluster_of, cfg) -> dict:
     drafter.train()
     curve, start = [], time.time()
     for step in range(cfg.drafter_steps):
-        prompts = sample_chunks(train_ids, cfg.batch, cfg.prompt_len, gen)
+        prompts = sample_chunks(train_ids, cfg.drafter_batch, cfg.prompt_len, gen)
         seqs = greedy_continue(target, prompts, cfg.seq_len - cfg.prompt_len)
         hidden, kv = teacher_pass(target, seqs)
         stats = drafter_unroll(drafter, embed, seqs, hidden, kv, positions, k, window, cluster_of)
