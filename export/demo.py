@@ -59,9 +59,8 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
     target call (prefill call included, as in pair.json) and wall-clock speed-up over plain decoding."""
     import statistics
 
-    from mtpkit.runtime.bench import BenchConfig, bench_prompt
+    from mtpkit.runtime.bench import BenchConfig, bench_prompt, run_once
     from mtpkit.runtime.engine import Engine, GenConfig
-    from mtpkit.runtime.stats import Stats
 
     from .train_tiny import ASSETS
     from .training.corpus import load_corpus
@@ -71,13 +70,11 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
     engine = Engine(out, threads, backend)
     rows = []
     for category, text in eval_prompts(load_corpus().heldout, pair["config"]["eval_prompts"]):
-        ids = [engine.manifest.tokens["bos"], *engine.codec.tokenizer.encode(text, add_special_tokens=False).ids]
+        ids = engine.codec.encode(text)  # <bos> + text, as transformers was measured (pair.json)
         row = {"category": category}
         for mode in ("hf", "clean"):
-            stats = Stats()
-            for _ in engine.generate(ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=4,
-                                                    kv_handoff=mode), stats):
-                pass
+            stats = run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=4,
+                                                    kv_handoff=mode))
             first = stats.accepted_at[0] / stats.drafted_at[0] if stats.drafted_at else 0.0
             row[mode] = {"new_tokens": stats.new_tokens, "target_calls": stats.target_calls, "pos1": first}
         row["bench"] = bench_prompt(engine, category, ids, BenchConfig(repeats=1, max_new_tokens=max_new_tokens,

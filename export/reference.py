@@ -35,19 +35,20 @@ def reference_prompts(encode, bos_id: int, sliding_window: int, chat_ids: list[i
 
 @contextlib.contextmanager
 def record_drafts():
-    """Record the drafts transformers' Gemma 4 candidate generator proposes (undone on exit).
+    """Record the drafts transformers' Gemma 4 candidate generator proposes (undone on exit): one
+    (context length, draft ids) pair per drafting round.
 
     Scoped to transformers 5.24's SinglePositionMultiTokenCandidateGenerator.get_candidates.
     """
     from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator as Gen
 
-    rounds: list[list[int]] = []
+    rounds: list[tuple[int, list[int]]] = []
     original = Gen.get_candidates
 
     def wrapped(self, input_ids, *args, **kwargs):
         candidate_ids, logits = original(self, input_ids, *args, **kwargs)
         if logits is not None:
-            rounds.append(candidate_ids[0, input_ids.shape[1]:].tolist())
+            rounds.append((input_ids.shape[1], candidate_ids[0, input_ids.shape[1]:].tolist()))
         return candidate_ids, logits
 
     Gen.get_candidates = wrapped
@@ -76,7 +77,7 @@ def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) ->
                 drafter.generation_config.num_assistant_tokens = k
                 with record_drafts() as rounds:
                     out = target.generate(x, assistant_model=drafter, **gen)[0, len(ids):].tolist()
-                assisted[str(k)] = {"output_ids": out, "drafts": [list(r) for r in rounds]}
+                assisted[str(k)] = {"output_ids": out, "drafts": [drafts for _, drafts in rounds]}
             entries.append({"name": name, "prompt_ids": list(ids), "greedy_ids": plain, "assisted": assisted})
     drafter.generation_config.num_assistant_tokens = saved
     return {"max_new_tokens": max_new_tokens, "eos_ids": eos_ids, "prompts": entries}, arrays

@@ -91,8 +91,6 @@ def train_tiny(cfg: TrainConfig) -> Path:
     """Train, write out/target and out/drafter (HF checkpoints), measure, write out/pair.json; return out."""
     import torch
 
-    from .training import corpus as corpus_mod
-
     _prepare_out(cfg)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
@@ -115,7 +113,7 @@ def _train_measure_write(cfg: TrainConfig) -> Path:
     log.info("corpus: %d train / %d held-out tokens (Python %s)", len(train_ids), len(heldout_ids),
              corpus.python_version)
     target, drafter, stats = _train_pair(cfg, train_ids, heldout_ids)
-    tdir, ddir = _write_pair(cfg, target, drafter, tokenizer)
+    tdir, ddir = _write_pair(cfg, target, drafter, tokenizer, stats["target_config"], stats["drafter_config"])
     figures = _measure(cfg, tdir, ddir, tokenizer, corpus.heldout)
     stats["params"] = {"target": _count(target), "drafter": _count(drafter)}
     stats["wall_seconds"] = round(time.time() - start, 1)
@@ -166,14 +164,10 @@ def _no_arch(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k != "architectures"}
 
 
-def _write_pair(cfg: TrainConfig, target, drafter, tokenizer) -> tuple[Path, Path]:
+def _write_pair(cfg: TrainConfig, target, drafter, tokenizer, tcfg: dict, dcfg: dict) -> tuple[Path, Path]:
     from .checkpoint import write_checkpoint
     from .tiny import BOS_ID, END_OF_TURN_ID, EOS_ID, PAD_ID, _text_state, write_tokenizer
-    from .training import configs
 
-    tcfg = configs.target_config(cfg.vocab_size, cfg.hidden, cfg.intermediate, cfg.sliding_window)
-    dcfg = configs.drafter_config(tcfg, cfg.drafter_hidden, cfg.drafter_intermediate, cfg.num_centroids,
-                                  cfg.centroid_top_k)
     tdir, ddir = cfg.out / "target", cfg.out / "drafter"
     target_gen = {"bos_token_id": BOS_ID, "pad_token_id": PAD_ID, "eos_token_id": [EOS_ID, END_OF_TURN_ID]}
     drafter_gen = {"num_assistant_tokens": cfg.num_assistant_tokens, "num_assistant_tokens_schedule": "constant"}

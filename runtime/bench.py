@@ -26,7 +26,8 @@ class BenchConfig:
             raise ValueError(f"--repeats must be >= 1 (got {self.repeats})")
 
 
-def _once(engine: Engine, ids: list[int], cfg: GenConfig) -> Stats:
+def run_once(engine: Engine, ids: list[int], cfg: GenConfig) -> Stats:
+    """Generate to the end, discarding tokens; returns the run's stats."""
     stats = Stats()
     for _ in engine.generate(ids, cfg, stats):
         pass
@@ -37,11 +38,11 @@ def bench_prompt(engine: Engine, name: str, ids: list[int], cfg: BenchConfig) ->
     spec_cfg = GenConfig(max_new_tokens=cfg.max_new_tokens, num_assistant_tokens=cfg.num_assistant_tokens,
                          schedule=cfg.schedule)
     plain_cfg = GenConfig(max_new_tokens=cfg.max_new_tokens, mtp=False)
-    _once(engine, ids, spec_cfg)  # warm-up: first calls pay allocation and kernel selection
+    run_once(engine, ids, spec_cfg)  # warm-up: first calls pay allocation and kernel selection
     plain, spec = [], []
     for _ in range(cfg.repeats):
-        plain.append(_once(engine, ids, plain_cfg))
-        spec.append(_once(engine, ids, spec_cfg))
+        plain.append(run_once(engine, ids, plain_cfg))
+        spec.append(run_once(engine, ids, spec_cfg))
     decode_s = lambda s: s.total_s - s.ttft_s  # noqa: E731 - decode phase only; prefill is the same graph call
     p_ms = statistics.median(1e3 * decode_s(s) / max(1, s.new_tokens - 1) for s in plain)
     s_ms = statistics.median(1e3 * decode_s(s) / max(1, s.new_tokens - 1) for s in spec)

@@ -147,7 +147,6 @@ class StateDrafter:
         return out[("logits", None)][0, -1], out[("projected_activations", None)][0, -1]
 
 
-
 def embed(session: LiteRtSession, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-token lookups through the embedder signatures (as LiteRT-LM's embedding managers do)."""
     emb, ple = [], []

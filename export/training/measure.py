@@ -1,7 +1,7 @@
 """Measure a target + drafter pair the way transformers runs it: assisted greedy generate vs plain greedy.
 
-Drafts are recorded by wrapping SinglePositionMultiTokenCandidateGenerator.get_candidates (what HF's loop
-actually proposes, stale K/V hand-over included) and target calls by wrapping target.forward.
+Drafts are recorded with the export reference's record_drafts (what HF's loop actually proposes, stale K/V
+hand-over included) and target calls by wrapping target.forward.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import re
 from contextlib import contextmanager
 
 import torch
+
+from ..reference import record_drafts
 
 # A prompt ends where the model must continue code, or inside a docstring/comment (prose-like text).
 CATEGORIES = {
@@ -36,30 +38,18 @@ def eval_prompts(texts: list[str], per_category: int) -> list[tuple[str, str]]:
 
 
 @contextmanager
-def record_drafts(target):
-    """Yield (rounds, calls): rounds gets (context length, draft ids) per drafting round;
-    calls counts target forwards."""
-    from transformers.generation import candidate_generator as cg
-
-    rounds, calls = [], [0]
-    cls = cg.SinglePositionMultiTokenCandidateGenerator
-    original, forward = cls.get_candidates, target.forward
-
-    def get_candidates(self, input_ids, *args, **kwargs):
-        ids, logits = original(self, input_ids, *args, **kwargs)
-        if ids.shape[1] > input_ids.shape[1]:
-            rounds.append((input_ids.shape[1], ids[0, input_ids.shape[1]:].tolist()))
-        return ids, logits
+def count_forwards(target):
+    """Yield a one-item list that counts target forwards (undone on exit)."""
+    calls, forward = [0], target.forward
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return forward(*args, **kwargs)
 
-    cls.get_candidates, target.forward = get_candidates, counted
+    target.forward = counted
     try:
-        yield rounds, calls
+        yield calls
     finally:
-        cls.get_candidates = original
         del target.forward  # drop the instance attribute; the class method is visible again
 
 
@@ -67,7 +57,7 @@ def run_prompt(target, drafter, ids: torch.Tensor, new_tokens: int) -> dict:
     """One prompt: plain greedy, assisted greedy, and per-round acceptance against the greedy reference."""
     with torch.no_grad():
         greedy = target.generate(ids, do_sample=False, max_new_tokens=new_tokens)[0].tolist()
-        with record_drafts(target) as (rounds, calls):
+        with record_drafts() as rounds, count_forwards(target) as calls:
             assisted = target.generate(ids, assistant_model=drafter, do_sample=False, max_new_tokens=new_tokens)
     assisted = assisted[0].tolist()
     first_hits, first_total, accepted = 0, 0, []
