@@ -11,20 +11,28 @@ import logging
 import sys
 
 from . import __version__
+from .extras import MissingExtraError, require
 
-# name -> (module, one-line help); each module has add_arguments(parser) and run(args) -> int
+# name -> (module, one-line help, extra it needs or None); each module has add_arguments(parser, name) and
+# run(args) -> int. Modules import only the standard library at the top, so every --help works in the
+# runtime-only install; the extra is checked before run().
 COMMANDS = {
-    "demo": ("mtpkit.export.demo", "export the trained tiny pair shipped with mtpkit, prove parity, time it"),
-    "make-tiny": ("mtpkit.export.commands", "write a tiny random Gemma 4 target + drafter (HF layout) for tests"),
-    "export": ("mtpkit.export.commands", "convert a Gemma 4 target + its MTP drafter into graphs + manifest.json"),
-    "run": ("mtpkit.runtime.commands", "generate text from an export with speculative (or plain) decoding"),
-    "parity": ("mtpkit.runtime.commands", "replay the export-time transformers reference and compare token for token"),
-    "bench": ("mtpkit.runtime.commands", "time speculative vs plain decoding on the same graphs (interleaved runs)"),
-}
-EXTRA_COMMANDS = {
-    "train-tiny": ("mtpkit.export.train_tiny", "train the small Gemma 4 target + drafter pair shipped with mtpkit"),
+    "demo": ("mtpkit.export.demo", "export the trained tiny pair shipped with mtpkit, prove parity, time it", "export"),
+    "make-tiny": ("mtpkit.export.commands", "write a tiny random Gemma 4 target + drafter (HF layout) for tests",
+                  "export"),
+    "export": ("mtpkit.export.commands", "convert a Gemma 4 target + its MTP drafter into graphs + manifest.json",
+               "export"),
+    "run": ("mtpkit.runtime.commands", "generate text from an export with speculative (or plain) decoding", None),
+    "parity": ("mtpkit.runtime.commands", "replay the export-time transformers reference and compare token for token",
+               None),
+    "bench": ("mtpkit.runtime.commands", "time speculative vs plain decoding on the same graphs (interleaved runs)",
+              None),
+    "train-tiny": ("mtpkit.export.train_tiny", "train the small Gemma 4 target + drafter pair shipped with mtpkit",
+                   "export"),
 }
 
+DESCRIPTION = ("Ship Gemma 4 with its MTP drafter: export target + drafter to ONNX / LiteRT graphs with a manifest, "
+               "then run, verify and time the lossless draft-verify loop (torch-free).")
 EPILOG = """examples:
   mtpkit demo out/demo
   mtpkit make-tiny out/tiny
@@ -39,21 +47,15 @@ class CommandError(Exception):
     """Raised by subcommands for a one-line user-facing failure."""
 
 
-def _available() -> dict:
-    found = dict(COMMANDS)
-    for name, (module, help_) in EXTRA_COMMANDS.items():
-        if importlib.util.find_spec(module) is not None:
-            found[name] = (module, help_)
-    return found
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mtpkit", description=__doc__.splitlines()[0] if __doc__ else None,
+    parser = argparse.ArgumentParser(prog="mtpkit", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"mtpkit {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only print errors and results")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_) in _available().items():
+    for name, (module, help_, extra) in COMMANDS.items():
+        if extra:
+            help_ += f" [needs the {extra} extra]"
         p = sub.add_parser(name, help=help_, description=help_, formatter_class=argparse.RawDescriptionHelpFormatter)
         getattr(importlib.import_module(module), "add_arguments")(p, name)
     return parser
@@ -77,13 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _configure_logging(args.quiet)
-    module = importlib.import_module(_available()[args.command][0])
+    module_name, _, extra = COMMANDS[args.command]
     try:
-        return int(module.run(args) or 0)
+        if extra:
+            require(extra, "this command")
+        return int(importlib.import_module(module_name).run(args) or 0)
     except KeyboardInterrupt:
         print("mtpkit: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, CommandError) as e:  # user errors: one line, no traceback
+    except (ValueError, FileNotFoundError, CommandError, MissingExtraError) as e:  # user errors: one line, no traceback
         print(f"mtpkit {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -6,6 +6,8 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtpkit.extras import require
+
 BACKENDS = ("onnx", "litert")
 PLANNED_BACKENDS = ()
 QUANT_RECIPES = ("none",)
@@ -40,6 +42,8 @@ class ExportConfig:
         if self.quant not in QUANT_RECIPES:
             raise ValueError(f"unknown quantization recipe {self.quant!r}{_did_you_mean(self.quant, QUANT_RECIPES)}; "
                              f"choose from {', '.join(QUANT_RECIPES)}")
+        if "litert" in backends:
+            require("litert", "--backend litert")  # before any weights load, not minutes into the export
         if "litert" in backends and "onnx" not in backends:
             backends = ("onnx", *backends)  # the ONNX graphs are the reference the export is checked against
             object.__setattr__(self, "backend", backends)

@@ -79,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"prompt_ids": prompt_ids, "output_ids": out, "text": engine.codec.decode(out),
                           "stats": summary}))
     else:
-        print()
-        print(_stats_line(summary, cfg.mtp), file=sys.stderr)
+        print(flush=True)  # end the streamed text before the stats line on stderr
+        sys.stderr.write(_stats_line(summary, cfg.mtp) + "\n")
+        sys.stderr.flush()
     return 0
 
 

@@ -11,6 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
+from mtpkit.extras import require
+
 from .manifest import Backend, Manifest, ManifestError
 
 
@@ -60,6 +62,8 @@ class OrtSession:
 
 def open_session(manifest: Manifest, kind: str | None = None, threads: int | None = None) -> GraphSession:
     """A session for one backend of the export (default: onnx when present)."""
+    if kind == "litert" or (kind is None and manifest.backend().kind == "litert"):
+        require("litert", "the LiteRT runtime backend (--backend litert)", modules=("ai_edge_litert",))
     backend = manifest.backend(kind)
     if backend.kind == "onnx":
         return OrtSession(manifest, backend, threads)

@@ -36,6 +36,7 @@ def test_streaming_text_and_summary(tiny_exports):
                   "--temperature", "0.7", "--top-p", "0.9", "--seed", "1")
     assert result.returncode == 0, result.stderr
     assert "tokens per target call" in result.stderr and "tok/s" in result.stderr
+    assert result.stderr.endswith("\n") and result.stdout.endswith("\n")  # nothing glued to the next output
 
 
 def test_sampling_is_reproducible_with_a_seed(tiny_exports):

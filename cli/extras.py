@@ -1,0 +1,32 @@
+"""Optional extras: which installed modules each needs, and a one-line error naming the extra to install.
+
+Checked with importlib.util.find_spec, which looks for a module without importing it, so the check is cheap,
+never pulls torch, and does not depend on what other packages happened to import first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+# extra -> top-level modules it provides (as in pyproject.toml's [project.optional-dependencies])
+EXTRAS = {
+    "export": ("torch", "transformers", "onnx", "onnxscript", "safetensors"),
+    "litert": ("litert_torch", "ai_edge_litert", "litert_lm_builder", "ai_edge_quantizer"),
+}
+
+
+class MissingExtraError(ImportError):
+    """A feature needs an optional extra that is not installed; the message says which one to install."""
+
+
+def missing_modules(modules: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def require(extra: str, feature: str, modules: tuple[str, ...] | None = None) -> None:
+    """Raise MissingExtraError unless every module of `extra` (or just `modules`) is installed."""
+    missing = missing_modules(modules if modules is not None else EXTRAS[extra])
+    if missing:
+        raise MissingExtraError(f"{feature} needs the [{extra}] extra ({', '.join(missing)} not installed); "
+                                f"install it with: pip install 'mtpkit[{extra}]' (from a source checkout: "
+                                f"pip install '.[{extra}]')")
