@@ -1,4 +1,4 @@
-"""`mtpkit make-tiny` and `mtpkit export`: flags -> frozen config -> one library call. torch loads lazily."""
+"""`mtpkit export`: flags -> frozen config -> one library call. torch loads lazily."""
 
 from __future__ import annotations
 
@@ -22,18 +22,6 @@ example:
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    if name == "make-tiny":
-        from .tiny import HEADS, LAYOUTS, SHAPES
-
-        p.add_argument("out", type=Path, help="folder to create; receives target/ and drafter/")
-        p.add_argument("--layout", choices=LAYOUTS, default="gemma4", help="target hub layout (default gemma4)")
-        p.add_argument("--shape", choices=SHAPES, default="e2b", help="structure to mimic (default e2b)")
-        p.add_argument("--head", choices=HEADS, default="centroid", help="drafter LM head (default centroid)")
-        p.add_argument("--k-eq-v", action="store_true", help="attention_k_eq_v on full-attention layers")
-        p.add_argument("--sliding-window", type=int, default=8, help="sliding window W (default 8)")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--force", action="store_true", help="replace an existing folder")
-        return
     p.epilog = EXPORT_EPILOG
     p.add_argument("target", help="target checkpoint: local folder or hub id")
     p.add_argument("--drafter", required=True, help="drafter (-assistant) checkpoint: local folder or hub id")
@@ -53,8 +41,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.command == "make-tiny":
-        return _make_tiny(args)
     from .config import ExportConfig
 
     cfg = ExportConfig(target=args.target, drafter=args.drafter, out=args.out, backend=args.backend,
@@ -72,20 +58,4 @@ def run(args: argparse.Namespace) -> int:
     except GraphParityError as e:
         raise CommandError(str(e)) from e
     print(out)
-    return 0
-
-
-def _make_tiny(args) -> int:
-    import shutil
-
-    from .tiny import TinySpec, make_tiny
-
-    spec = TinySpec(shape=args.shape, layout=args.layout, head=args.head, k_eq_v=args.k_eq_v,
-                    sliding_window=args.sliding_window, seed=args.seed)
-    if args.out.exists():
-        if not args.force:
-            raise ValueError(f"{args.out} already exists; pass --force to replace it")
-        shutil.rmtree(args.out)
-    target, drafter = make_tiny(args.out, spec)
-    print(f"target:  {target}\ndrafter: {drafter}", file=sys.stdout)
     return 0

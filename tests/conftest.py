@@ -15,7 +15,7 @@ VARIANTS = {
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """name -> (target_dir, drafter_dir)"""
-    from mtpkit.export.tiny import TinySpec, make_tiny
+    from mtpkit.tiny.make import TinySpec, make_tiny
 
     root = tmp_path_factory.mktemp("tiny")
     cache = {}

@@ -21,7 +21,7 @@ from mtpkit.export import litert_patches  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
 from mtpkit.export.checkpoint import resolve  # noqa: E402
 from mtpkit.export.models import gemma4_assistant, gemma4_text  # noqa: E402
-from mtpkit.export.tiny import TinySpec, make_tiny  # noqa: E402
+from mtpkit.tiny.make import TinySpec, make_tiny  # noqa: E402
 
 pytestmark = [pytest.mark.litert, pytest.mark.slow]
 PREFILL, CACHE, DRAFTS = 16, 40, 4  # cache 40 differs from every head dim, so a transposed V is unambiguous
@@ -200,7 +200,7 @@ def test_b2_experts_flag_needed_and_undone():
 def _tiny_text_config():
     from transformers import AutoConfig
 
-    from mtpkit.export.tiny import target_text_config
+    from mtpkit.tiny.make import target_text_config
 
     return AutoConfig.for_model(**target_text_config(TinySpec()))
 
@@ -230,7 +230,7 @@ def _gemma4_model():
     """A tiny Gemma4ForConditionalGeneration loaded the way export_hf loads it (litert patch, lrt attention)."""
     from transformers import AutoConfig, Gemma4ForConditionalGeneration
 
-    from mtpkit.export.tiny import target_config
+    from mtpkit.tiny.make import target_config
 
     ns = litert_patches.import_export_hf()
     config = AutoConfig.for_model(**target_config(TinySpec()))

@@ -1,4 +1,4 @@
-"""The shipped trained pair (export/assets/tiny_pair) and the `mtpkit train-tiny` recipe that makes it."""
+"""The shipped trained pair (mtpkit/tiny/assets/tiny_pair) and the `mtpkit train-tiny` recipe that makes it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mtpkit.export.train_tiny import ASSETS, TrainConfig, file_hashes, train_tiny
+from mtpkit.tiny.train import ASSETS, TrainConfig, file_hashes, train_tiny
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -44,7 +44,7 @@ def test_shipped_files_match_pair_json():
 def test_shipped_pair_is_lossless_and_drafts_are_accepted():
     from tokenizers import Tokenizer
 
-    from mtpkit.export.training.measure import run_prompt
+    from mtpkit.tiny.training.measure import run_prompt
 
     target, drafter = _load(ASSETS)
     assert drafter.generation_config.num_assistant_tokens == 4

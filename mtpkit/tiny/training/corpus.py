@@ -70,10 +70,10 @@ def load_corpus(max_train_files: int | None = None) -> Corpus:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
-    """Byte-level BPE with the Gemma-style special tokens at ids 0..6, exactly as export/tiny.py lays them out."""
+    """Byte-level BPE with the Gemma-style special tokens at ids 0..6, exactly as mtpkit/tiny/make.py lays them out."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from ..tiny import SPECIAL_TOKENS
+    from ..make import SPECIAL_TOKENS
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -93,7 +93,7 @@ def encode(tok, texts: list[str]):
     """One long int64 tensor of token ids; files are joined by <eos> as the documents' separator."""
     import torch
 
-    from ..tiny import EOS_ID
+    from ..make import EOS_ID
 
     ids = []
     for enc in tok.encode_batch(texts, add_special_tokens=False):

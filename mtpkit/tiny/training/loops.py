@@ -13,7 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..tiny import BOS_ID
+from ..make import BOS_ID
 
 log = logging.getLogger("mtpkit")
 

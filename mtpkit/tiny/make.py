@@ -7,11 +7,14 @@ window small enough that tests cross it) at hidden sizes that are multiples of 3
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import write_checkpoint
+from mtpkit.export.checkpoint import write_checkpoint
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
@@ -52,42 +55,56 @@ class TinySpec:
                 raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
 
 
-def target_text_config(spec: TinySpec) -> dict:
-    """The text config in the hub's spelling (global_head_dim, explicit layer_types)."""
-    e2b = spec.shape == "e2b"
+def text_config(*, vocab: int, hidden: int, intermediate: int, window: int, e2b: bool = True, k_eq_v: bool = False,
+                init_std: float = 0.02) -> dict:
+    """A Gemma 4 text config in the hub's spelling (global_head_dim, explicit layer_types), E2B- or E4B-shaped.
+
+    Shared by make-tiny and the trained pair (mtpkit/tiny/training/configs.py)."""
     pattern = ["sliding_attention"] * (4 if e2b else 5) + ["full_attention"]
-    cfg = {
-        "model_type": "gemma4_text", "vocab_size": VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128,
+    return {
+        "model_type": "gemma4_text", "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
         "num_hidden_layers": 2 * len(pattern), "num_attention_heads": 4, "num_key_value_heads": 1 if e2b else 2,
-        "head_dim": 32, "global_head_dim": 64, "sliding_window": spec.sliding_window, "layer_types": pattern * 2,
+        "head_dim": 32, "global_head_dim": 64, "sliding_window": window, "layer_types": pattern * 2,
         "num_kv_shared_layers": 5 if e2b else 6, "hidden_size_per_layer_input": 32,
-        "vocab_size_per_layer_input": VOCAB_SIZE, "use_double_wide_mlp": e2b, "final_logit_softcapping": 30.0,
+        "vocab_size_per_layer_input": vocab, "use_double_wide_mlp": e2b, "final_logit_softcapping": 30.0,
         "rope_parameters": ROPE, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "attention_k_eq_v": spec.k_eq_v,
-        "num_global_key_value_heads": 1 if spec.k_eq_v else None, "initializer_range": spec.init_std,
+        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "attention_k_eq_v": k_eq_v,
+        "num_global_key_value_heads": 1 if k_eq_v else None, "initializer_range": init_std,
         "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "bos_token_id": BOS_ID,
     }
-    return cfg
 
 
-def drafter_config(spec: TinySpec, target_text: dict) -> dict:
+def assistant_config(target_text: dict, *, hidden: int, intermediate: int, heads: int, centroid: bool,
+                     num_centroids: int, top_k: int, init_std: float = 0.02) -> dict:
+    """A gemma4_assistant config: 4 layers [s,s,s,f] reading the target's store-layer K/V, so head dims, kv heads,
+    window and k_eq_v are the target's."""
     text = {
-        "model_type": "gemma4_text", "vocab_size": VOCAB_SIZE, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": target_text["num_key_value_heads"],
-        "head_dim": target_text["head_dim"], "global_head_dim": target_text["global_head_dim"],
-        "sliding_window": spec.sliding_window, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
-        "num_kv_shared_layers": 4, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
-        "use_double_wide_mlp": False, "final_logit_softcapping": None, "rope_parameters": ROPE,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
-        "tie_word_embeddings": True, "attention_k_eq_v": spec.k_eq_v,
-        "num_global_key_value_heads": target_text["num_global_key_value_heads"],
-        "initializer_range": spec.drafter_init_std,
+        "model_type": "gemma4_text", "vocab_size": target_text["vocab_size"], "hidden_size": hidden,
+        "intermediate_size": intermediate, "num_hidden_layers": 4, "num_attention_heads": heads,
+        "num_key_value_heads": target_text["num_key_value_heads"], "head_dim": target_text["head_dim"],
+        "global_head_dim": target_text["global_head_dim"], "sliding_window": target_text["sliding_window"],
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"], "num_kv_shared_layers": 4,
+        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, "use_double_wide_mlp": False,
+        "final_logit_softcapping": None, "rope_parameters": ROPE, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+        "attention_k_eq_v": target_text["attention_k_eq_v"],
+        "num_global_key_value_heads": target_text["num_global_key_value_heads"], "initializer_range": init_std,
     }
     return {
         "model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"], "text_config": text,
-        "backbone_hidden_size": target_text["hidden_size"], "use_ordered_embeddings": spec.head == "centroid",
-        "num_centroids": 16, "centroid_intermediate_top_k": 4, "tie_word_embeddings": True,
+        "backbone_hidden_size": target_text["hidden_size"], "use_ordered_embeddings": centroid,
+        "num_centroids": num_centroids, "centroid_intermediate_top_k": top_k, "tie_word_embeddings": True,
     }
+
+
+def target_text_config(spec: TinySpec) -> dict:
+    return text_config(vocab=VOCAB_SIZE, hidden=64, intermediate=128, window=spec.sliding_window,
+                       e2b=spec.shape == "e2b", k_eq_v=spec.k_eq_v, init_std=spec.init_std)
+
+
+def drafter_config(spec: TinySpec, target_text: dict) -> dict:
+    return assistant_config(target_text, hidden=32, intermediate=64, heads=2, centroid=spec.head == "centroid",
+                            num_centroids=16, top_k=4, init_std=spec.drafter_init_std)
 
 
 def target_config(spec: TinySpec) -> dict:
@@ -178,3 +195,27 @@ def _text_state(target, prefix: str) -> dict:
             continue  # tied to the embedding, as in the hub files
         state[prefix + name.removeprefix("model.")] = tensor
     return state
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    """`mtpkit make-tiny` flags."""
+    p.add_argument("out", type=Path, help="folder to create; receives target/ and drafter/")
+    p.add_argument("--layout", choices=LAYOUTS, default="gemma4", help="target hub layout (default gemma4)")
+    p.add_argument("--shape", choices=SHAPES, default="e2b", help="structure to mimic (default e2b)")
+    p.add_argument("--head", choices=HEADS, default="centroid", help="drafter LM head (default centroid)")
+    p.add_argument("--k-eq-v", action="store_true", help="attention_k_eq_v on full-attention layers")
+    p.add_argument("--sliding-window", type=int, default=8, help="sliding window W (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace an existing folder")
+
+
+def run(args) -> int:
+    spec = TinySpec(shape=args.shape, layout=args.layout, head=args.head, k_eq_v=args.k_eq_v,
+                    sliding_window=args.sliding_window, seed=args.seed)
+    if args.out.exists():
+        if not args.force:
+            raise ValueError(f"{args.out} already exists; pass --force to replace it")
+        shutil.rmtree(args.out)
+    target, drafter = make_tiny(args.out, spec)
+    print(f"target:  {target}\ndrafter: {drafter}", file=sys.stdout)
+    return 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 log = logging.getLogger("mtpkit")
 
-EPILOG = """Uses the trained tiny Gemma 4 target + drafter in mtpkit/export/assets/tiny_pair (see its pair.json).
+EPILOG = """Uses the trained tiny Gemma 4 target + drafter in mtpkit/tiny/assets/tiny_pair (see its pair.json).
 Writes the export to DIR, replays the transformers reference through the runtime (token-for-token parity) and
 times speculative against plain decoding on the same graphs. Nothing is downloaded.
 """
@@ -31,9 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from mtpkit.runtime.commands import print_bench
     from mtpkit.runtime.parity import run_parity
 
-    from .config import ExportConfig
-    from .pipeline import export_model
-    from .train_tiny import ASSETS
+    from mtpkit.export.config import ExportConfig
+    from mtpkit.export.pipeline import export_model
+    from .train import ASSETS
 
     cfg = ExportConfig(target=str(ASSETS / "target"), drafter=str(ASSETS / "drafter"), out=args.out,
                        backend=args.backend, force=args.force, max_cache_len=1024, prefill_len=32)
@@ -62,7 +62,7 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
     from mtpkit.runtime.bench import BenchConfig, bench_prompt, run_once
     from mtpkit.runtime.engine import Engine, GenConfig
 
-    from .train_tiny import ASSETS
+    from .train import ASSETS
     from .training.corpus import load_corpus
     from .training.measure import eval_prompts
 

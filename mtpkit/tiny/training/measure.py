@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..reference import record_drafts
+from mtpkit.export.reference import record_drafts
 
 # A prompt ends where the model must continue code, or inside a docstring/comment (prose-like text).
 CATEGORIES = {
@@ -92,7 +92,7 @@ def summarise(results: list[dict]) -> dict:
 
 def measure_pair(target, drafter, tokenizer, prompts: list[tuple[str, str]], new_tokens: int) -> dict:
     """Per-category and overall figures; tokens per target call counts the prefill call too."""
-    from ..tiny import BOS_ID
+    from ..make import BOS_ID
 
     per_cat: dict[str, list] = {}
     for category, text in prompts:

@@ -17,8 +17,8 @@ from .extras import MissingExtraError, require
 # run(args) -> int. Modules import only the standard library at the top, so every --help works in the
 # runtime-only install; the extra is checked before run().
 COMMANDS = {
-    "demo": ("mtpkit.export.demo", "export the trained tiny pair shipped with mtpkit, prove parity, time it", "export"),
-    "make-tiny": ("mtpkit.export.commands", "write a tiny random Gemma 4 target + drafter (HF layout) for tests",
+    "demo": ("mtpkit.tiny.demo", "export the trained tiny pair shipped with mtpkit, prove parity, time it", "export"),
+    "make-tiny": ("mtpkit.tiny.make", "write a tiny random Gemma 4 target + drafter (HF layout) for tests",
                   "export"),
     "export": ("mtpkit.export.commands", "convert a Gemma 4 target + its MTP drafter into graphs + manifest.json",
                "export"),
@@ -27,7 +27,7 @@ COMMANDS = {
                None),
     "bench": ("mtpkit.runtime.commands", "time speculative vs plain decoding on the same graphs (interleaved runs)",
               None),
-    "train-tiny": ("mtpkit.export.train_tiny", "train the small Gemma 4 target + drafter pair shipped with mtpkit",
+    "train-tiny": ("mtpkit.tiny.train", "train the small Gemma 4 target + drafter pair shipped with mtpkit",
                    "export"),
 }
 

@@ -1,4 +1,4 @@
-"""`mtpkit train-tiny`: train the small Gemma 4 target + MTP drafter pair shipped in export/assets/tiny_pair.
+"""`mtpkit train-tiny`: train the small Gemma 4 target + MTP drafter pair shipped in mtpkit/tiny/assets/tiny_pair.
 
 Offline and CPU-only: the corpus is the Python standard library's own source (PSF licence), the tokenizer a
 byte-level BPE trained on it, the target a 10-layer Gemma 4 text model with every E2B structural feature, and
@@ -165,8 +165,8 @@ def _no_arch(cfg: dict) -> dict:
 
 
 def _write_pair(cfg: TrainConfig, target, drafter, tokenizer, tcfg: dict, dcfg: dict) -> tuple[Path, Path]:
-    from .checkpoint import write_checkpoint
-    from .tiny import BOS_ID, END_OF_TURN_ID, EOS_ID, PAD_ID, _text_state, write_tokenizer
+    from mtpkit.export.checkpoint import write_checkpoint
+    from .make import BOS_ID, END_OF_TURN_ID, EOS_ID, PAD_ID, _text_state, write_tokenizer
 
     tdir, ddir = cfg.out / "target", cfg.out / "drafter"
     target_gen = {"bos_token_id": BOS_ID, "pad_token_id": PAD_ID, "eos_token_id": [EOS_ID, END_OF_TURN_ID]}
