@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+# Files next to the weights that travel with an export (and with the gemma4-layout copy made for LiteRT).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+HF_SIDE_FILES = (*TOKENIZER_FILES, "generation_config.json")
 
 
 class CheckpointError(ValueError):

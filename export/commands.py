@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from mtpkit.runtime.roles import BACKENDS
+
 log = logging.getLogger("mtpkit")
 
 EXPORT_EPILOG = """TARGET and --drafter are local HF checkpoint folders or hub ids (safetensors only; no remote code).
@@ -27,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--drafter", required=True, help="drafter (-assistant) checkpoint: local folder or hub id")
     p.add_argument("--out", required=True, type=Path, help="export folder to create")
     p.add_argument("--backend", default="onnx",
-                   help="comma-separated: onnx, litert (litert also writes the ONNX reference graphs; default onnx)")
+                   help=f"comma-separated: {', '.join(BACKENDS)} (every backend also writes the ONNX graphs it is "
+                        "checked against; default onnx)")
     p.add_argument("--max-cache-len", type=int, default=4096, help="KV capacity in tokens (default 4096)")
     p.add_argument("--quant", default="none", help="quantization recipe (default none)")
     p.add_argument("--target-revision", help="hub revision of the target")

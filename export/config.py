@@ -8,8 +8,8 @@ from pathlib import Path
 
 from mtpkit.extras import require
 
-BACKENDS = ("onnx", "litert")
-PLANNED_BACKENDS = ()
+from mtpkit.runtime.roles import BACKENDS
+
 QUANT_RECIPES = ("none",)
 
 
@@ -35,18 +35,18 @@ class ExportConfig:
             b.strip() for b in self.backend.split(","))
         object.__setattr__(self, "backend", backends)
         for b in backends:
-            if b in PLANNED_BACKENDS:
-                raise ValueError(f"backend {b!r} is not implemented in this mtpkit version yet; use --backend onnx")
             if b not in BACKENDS:
                 raise ValueError(f"unknown backend {b!r}{_did_you_mean(b, BACKENDS)}; choose from {', '.join(BACKENDS)}")
         if self.quant not in QUANT_RECIPES:
             raise ValueError(f"unknown quantization recipe {self.quant!r}{_did_you_mean(self.quant, QUANT_RECIPES)}; "
                              f"choose from {', '.join(QUANT_RECIPES)}")
-        if "litert" in backends:
-            require("litert", "--backend litert")  # before any weights load, not minutes into the export
-        if "litert" in backends and "onnx" not in backends:
+        for b in backends:
+            if BACKENDS[b].extra:
+                require(BACKENDS[b].extra, f"--backend {b}")  # before any weights load, not minutes into the export
+        if any(BACKENDS[b].export_needs_onnx for b in backends):
             backends = ("onnx", *backends)  # the ONNX graphs are the reference the export is checked against
-            object.__setattr__(self, "backend", backends)
+        # role-table order (onnx first), each once
+        object.__setattr__(self, "backend", tuple(b for b in BACKENDS if b in backends))
         if self.prefill_len < 1 or (self.num_draft is not None and self.num_draft < 1):
             raise ValueError("--prefill-len and --num-draft must be >= 1")
         if self.max_cache_len < 16:

@@ -15,6 +15,8 @@ import importlib.util
 import sys
 import types
 
+from .scoped import patched
+
 # The modules litert-torch 0.10.0 imports from tensorflow without declaring the dependency (B1).
 _TF_SCHEMA = "tensorflow.lite.python.schema_py_generated"
 _TF_PACKAGES = ("tensorflow", "tensorflow.lite", "tensorflow.lite.python")
@@ -71,21 +73,6 @@ def import_export_hf():
 
 
 @contextlib.contextmanager
-def _set_attr(owner, name: str, value):
-    """Set owner.name for the duration of the context; restore (or remove) it afterwards."""
-    missing = object()
-    old = owner.__dict__.get(name, missing) if isinstance(owner, type) else getattr(owner, name, missing)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        if old is missing:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, old)
-
-
-@contextlib.contextmanager
 def experts_flag():
     """B2 (litert-torch 0.10.0 + transformers 5.24): loading any Gemma 4 under litert-torch's patch raises
     "ValueError: LiteRTGemma4TextModel does not support setting experts implementation".
@@ -95,7 +82,7 @@ def experts_flag():
     Gemma4TextModel itself supports it, so we state the cached answer for the subclass.
     """
     cls = import_export_hf().gemma4_patch.LiteRTGemma4TextModel
-    with _set_attr(cls, "_can_set_experts_implementation_cached_value", True):
+    with patched(cls, "_can_set_experts_implementation_cached_value", True):
         yield
 
 
@@ -116,7 +103,7 @@ def verify_mask_dtype():
             graphs["verify"] = ({**inputs, "mask": inputs["mask"].to(dtype)}, shapes)
         return graphs
 
-    with _set_attr(cls, "get_sample_inputs", get_sample_inputs):
+    with patched(cls, "get_sample_inputs", get_sample_inputs):
         yield
 
 
@@ -152,7 +139,7 @@ def external_embedder_decode_outputs():
     applies tanh(x/cap)*cap), so its logits differ from transformers'.
     """
     cls = import_export_hf().gemma4_exportable.LiteRTExportableModuleForDecoderOnlyLMGenerateExternalEmbedder
-    with _set_attr(cls, "forward", _external_embedder_decode_forward):
+    with patched(cls, "forward", _external_embedder_decode_forward):
         yield
 
 

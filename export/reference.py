@@ -12,6 +12,8 @@ import contextlib
 import numpy as np
 import torch
 
+from .scoped import patched
+
 DRAFT_LENGTHS = (1, 2, 4, 8)
 PROMPTS = [
     ("short", "Hi"),
@@ -51,11 +53,8 @@ def record_drafts():
             rounds.append((input_ids.shape[1], candidate_ids[0, input_ids.shape[1]:].tolist()))
         return candidate_ids, logits
 
-    Gen.get_candidates = wrapped
-    try:
+    with patched(Gen, "get_candidates", wrapped):
         yield rounds
-    finally:
-        Gen.get_candidates = original
 
 
 def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) -> tuple[dict, dict]:
@@ -66,8 +65,8 @@ def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) ->
     """
     entries, arrays = [], {}
     gen = dict(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=eos_ids[0])
-    saved = drafter.generation_config.num_assistant_tokens
-    with torch.no_grad():
+    with torch.no_grad(), patched(drafter.generation_config, "num_assistant_tokens",
+                                  drafter.generation_config.num_assistant_tokens):
         for name, ids in prompts:
             x = torch.tensor([ids])
             arrays[f"{name}.last_logits"] = target(x).logits[0, -1].numpy().astype(np.float32)
@@ -79,5 +78,4 @@ def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) ->
                     out = target.generate(x, assistant_model=drafter, **gen)[0, len(ids):].tolist()
                 assisted[str(k)] = {"output_ids": out, "drafts": [drafts for _, drafts in rounds]}
             entries.append({"name": name, "prompt_ids": list(ids), "greedy_ids": plain, "assisted": assisted})
-    drafter.generation_config.num_assistant_tokens = saved
     return {"max_new_tokens": max_new_tokens, "eos_ids": eos_ids, "prompts": entries}, arrays

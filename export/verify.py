@@ -54,16 +54,16 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
     checks = []
     # prefill all but the last 5 tokens, then verify 4 of them, then decode the last one
     split = [(0, n - 5, "prefill"), (n - 5, n - 1, "verify"), (n - 1, n, "decode")]
-    kv = {d["layer"]: (np.zeros((1, d["kv_heads"], 0, d["head_dim"]), np.float32),) * 2 for d in manifest.kv_cache["layers"]}
+    kv = {d.layer: (np.zeros((1, d.kv_heads, 0, d.head_dim), np.float32),) * 2 for d in manifest.kv_layers}
     for start, end, name in split:
         sig = backend.signatures[name]
         feeds = _target_feeds(sig, manifest, ids[start:end], start, kv)
         out = dict(zip([o.name for o in sig.outputs], sessions[sig.graph].run(None, feeds)))
         checks.append(_compare(name, out[sig.output("logits").name], ref_logits[start:end]))
-        checks.append(_compare(name + ".hidden_states", out[sig.output("hidden_states").name], ref_hidden[start:end], logits=False))
+        checks.append(_compare(name + ".hidden_states", out[sig.output("activations").name], ref_hidden[start:end], logits=False))
         for layer in kv:
-            k_new = out[sig.output("present_key", layer).name]
-            v_new = out[sig.output("present_value", layer).name]
+            k_new = out[sig.output("new_key", layer).name]
+            v_new = out[sig.output("new_value", layer).name]
             kv[layer] = (np.concatenate([kv[layer][0], k_new], 2), np.concatenate([kv[layer][1], v_new], 2))
     checks += _check_draft(manifest, sessions, target, drafter, ids, hf)
     return checks
@@ -71,7 +71,7 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
 
 def _target_feeds(sig, manifest, ids, pos, kv) -> dict:
     window = manifest.model["sliding_window"] - 1
-    types = {d["layer"]: d["type"] for d in manifest.kv_cache["layers"]}
+    types = {d.layer: d.type for d in manifest.kv_layers}
     feeds = {sig.input("input_ids").name: np.array([ids], np.int64), sig.input("input_pos").name: np.array([pos], np.int64)}
     for layer, (k, v) in kv.items():
         keep = k.shape[2] if types[layer] == "full_attention" else min(k.shape[2], window)
@@ -98,8 +98,10 @@ def _check_draft(manifest, sessions, target, drafter, ids, hf) -> list[GraphChec
                           shared_kv_states={"full_attention": (full_k, full_v), "sliding_attention": (sl_k, sl_v)})
         feeds = {sig.input("inputs_embeds").name: embeds.numpy(), sig.input("activations").name: hidden.numpy(),
                  sig.input("input_pos").name: np.array([len(ids)], np.int64),
-                 sig.input("full_key").name: full_k.numpy(), sig.input("full_value").name: full_v.numpy(),
-                 sig.input("sliding_key").name: sl_k.numpy(), sig.input("sliding_value").name: sl_v.numpy()}
+                 sig.input("store_key", "full_attention").name: full_k.numpy(),
+                 sig.input("store_value", "full_attention").name: full_v.numpy(),
+                 sig.input("store_key", "sliding_attention").name: sl_k.numpy(),
+                 sig.input("store_value", "sliding_attention").name: sl_v.numpy()}
         logits, projected = sessions[sig.graph].run([o.name for o in sig.outputs], feeds)
         checks.append(_compare(f"draft[{step}]", logits, ref.logits.numpy()))
         checks.append(_compare(f"draft[{step}].projected", projected, ref.last_hidden_state.numpy(), logits=False))

@@ -23,6 +23,8 @@ COMMANDS = {
     "export": ("mtpkit.export.commands", "convert a Gemma 4 target + its MTP drafter into graphs + manifest.json",
                "export"),
     "run": ("mtpkit.runtime.commands", "generate text from an export with speculative (or plain) decoding", None),
+    "chat": ("mtpkit.runtime.chat", "talk to an export in the terminal: multi-turn, streamed, with stats per answer",
+             None),
     "parity": ("mtpkit.runtime.commands", "replay the export-time transformers reference and compare token for token",
                None),
     "bench": ("mtpkit.runtime.commands", "time speculative vs plain decoding on the same graphs (interleaved runs)",
@@ -38,6 +40,7 @@ EPILOG = """examples:
   mtpkit make-tiny out/tiny
   mtpkit export out/tiny/target --drafter out/tiny/drafter --out out/tiny-onnx
   mtpkit run out/tiny-onnx --prompt "def fib(n):" --max-new-tokens 32
+  mtpkit chat out/tiny-onnx --max-new-tokens 128
   mtpkit parity out/tiny-onnx --json out/parity.json
   mtpkit bench out/tiny-onnx --repeats 3
 """

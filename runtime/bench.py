@@ -65,5 +65,5 @@ def run_bench(export_dir, cfg: BenchConfig, prompts: list[str] | None = None, th
         items = [(p["name"], p["prompt_ids"]) for p in ref["prompts"]]
     rows = [bench_prompt(engine, name, ids, cfg) for name, ids in items]
     speedups = [r["speedup"] for r in rows if r["speedup"]]
-    return {"config": cfg.__dict__, "backend": engine.session.backend.kind, "threads": threads, "rows": rows,
+    return {"config": cfg.__dict__, "backend": engine.backend.kind, "threads": threads, "rows": rows,
             "median_speedup": statistics.median(speedups) if speedups else None}

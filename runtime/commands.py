@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from .roles import BACKENDS
+
 RUN_EPILOG = """Streams text as it is produced; --json prints prompt ids, output ids, text and stats instead.
 Greedy by default (output identical to transformers). With --temperature > 0 drafts are sampled from the
 drafter's processed distribution and accepted with the rejection rule, so samples follow the target's own
@@ -23,7 +25,7 @@ examples:
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("dir", type=Path, help="export folder written by 'mtpkit export'")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
-    p.add_argument("--backend", default=None, help="onnx | litert (default: onnx when the export has it)")
+    p.add_argument("--backend", default=None, help=f"{' | '.join(BACKENDS)} (default: onnx when the export has it)")
     if name == "parity":
         p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
         return

@@ -6,16 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .kv_cache import KVCache
+from .backends import open_backend
+from .handoff import HANDOFF_MODES
 from .manifest import load_manifest
-from .models import Drafter, Embeddings, Target
 from .sampling import Sampler, SamplingConfig
-from .session import open_session
 from .speculative import SCHEDULES, DraftSchedule, plain_generate, speculative_generate
 from .stats import Stats, timed
 from .tokenizer import TextCodec
-
-HANDOFF_MODES = ("clean", "hf")
 
 
 @dataclass(frozen=True)
@@ -43,17 +40,9 @@ class GenConfig:
 class Engine:
     def __init__(self, export_dir: str | Path, threads: int | None = None, backend: str | None = None):
         self.manifest = load_manifest(export_dir)
-        self.session = open_session(self.manifest, backend, threads)
-        if self.session.backend.kv_io == "window":
-            self.kv = KVCache(self.manifest)
-            self.target = Target(self.session, self.kv)
-            self.drafter = Drafter(self.session, Embeddings(self.manifest))
-        else:  # whole-cache state tensors with static shapes (LiteRT)
-            from .litert import StateKV, StateTarget, StateDrafter
-
-            self.kv = StateKV(self.manifest, self.session.backend)
-            self.target = StateTarget(self.session, self.kv)
-            self.drafter = StateDrafter(self.session, self.kv)
+        self.target, self.drafter = open_backend(self.manifest, backend, threads)
+        self.backend = self.manifest.backend(backend)
+        self.kv = self.target.kv
         self.max_draft = self.target.max_draft
         self.codec = TextCodec(self.manifest)
 
@@ -61,11 +50,10 @@ class Engine:
         gen = self.manifest.generation
         k = cfg.num_assistant_tokens or int(gen["num_assistant_tokens"])
         kind = cfg.schedule or gen.get("num_assistant_tokens_schedule", "constant")
-        kind = kind if kind in SCHEDULES else "constant"
         cap = max(cfg.draft_cap, k)
         if self.max_draft is not None:  # static verify length (LiteRT): k + 1 tokens must fit in it
             if k > self.max_draft:
-                raise ValueError(f"this {self.session.backend.kind} export verifies at most {self.max_draft} drafts per "
+                raise ValueError(f"this {self.backend.kind} export verifies at most {self.max_draft} drafts per "
                                  f"round; use --num-assistant-tokens <= {self.max_draft} or re-export with a longer verify")
             cap = min(cap, self.max_draft)
         return DraftSchedule(kind, k, cap)

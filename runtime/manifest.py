@@ -11,7 +11,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+from .roles import ROLES
+
+# 2: ONNX KV outputs renamed new.{i}.key/value (role new_key/new_value; they hold only the T new entries, unlike
+#    optimum's present.*), drafter store inputs tagged store_key/store_value with layer_type, target hidden
+#    states tagged activations, the shared embedding moved into backends.onnx.options, hf_files added.
+SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 
 
@@ -27,7 +32,12 @@ class TensorSpec:
     dtype: str  # numpy dtype name
     layer: int | None = None  # target layer index, for KV tensors
     seq_axis: int | None = None  # sequence axis of a KV state tensor (LiteRT stores V transposed)
-    layer_type: str | None = None  # for per-type tensors without a layer (the drafter's explicit masks)
+    layer_type: str | None = None  # sliding_attention | full_attention, for per-type tensors (drafter K/V, masks)
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ManifestError(f"tensor {self.name!r} has role {self.role!r}, which this mtpkit does not know "
+                                "(an export from a newer mtpkit?); upgrade mtpkit or re-export with this version")
 
     @property
     def key(self) -> tuple[str, int | str | None]:
@@ -95,10 +105,10 @@ class Manifest:
     tokenizer: dict  # file, chat_template_file
     generation: dict  # num_assistant_tokens, max_cache_len
     kv_cache: dict  # capacity, dtype, layers [KVLayer], drafter_layers {type: layer}
-    embedding: dict  # host-side table shared with the ONNX target graph: file, offset, shape, dtype, scale
-    backends: dict[str, Backend]  # onnx and/or litert
+    backends: dict[str, Backend]  # onnx and/or litert (runtime/roles.py BACKENDS)
     quantization: dict
     reference: dict | None = None
+    hf_files: dict = field(default_factory=dict)  # the target's config.json / generation_config.json, copied
     root: Path = field(default=Path("."), compare=False)
 
     @property
@@ -133,11 +143,12 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict, root: Path = Path(".")) -> "Manifest":
-        if d.get("schema_version") != SCHEMA_VERSION:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            made_by = f" (written by mtpkit {d['mtpkit_version']})" if d.get("mtpkit_version") else ""
             raise ManifestError(
-                f"manifest schema_version {d.get('schema_version')} is not supported (expected {SCHEMA_VERSION}); "
-                "re-export with this mtpkit version"
-            )
+                f"manifest schema_version {version}{made_by} is not supported: this mtpkit reads version "
+                f"{SCHEMA_VERSION}; re-export the model with this mtpkit (`mtpkit export ...`)")
         d = dict(d)
         d["backends"] = {k: Backend.from_dict(v) for k, v in d["backends"].items()}
         return cls(**d, root=Path(root))

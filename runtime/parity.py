@@ -74,6 +74,6 @@ def run_parity(export_dir, threads: int | None = None, backend: str | None = Non
     for entry in ref["prompts"]:
         checks += check_prompt(engine, entry, ref["max_new_tokens"], lengths)
     failed = [c for c in checks if not c.ok]
-    return {"ok": not failed, "backend": engine.session.backend.kind, "checks": len(checks), "failed": len(failed),
+    return {"ok": not failed, "backend": engine.backend.kind, "checks": len(checks), "failed": len(failed),
             "prompts": [e["name"] for e in ref["prompts"]], "draft_lengths": lengths,
             "draft_lengths_not_supported": skipped, "results": [c.__dict__ for c in checks]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from .models import Drafter, Target
+from .backends import Drafter, Target
 from .stats import Stats
 
 SCHEDULES = ("constant", "heuristic")

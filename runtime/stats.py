@@ -8,6 +8,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def tokens_per_target_call(new_tokens: int, target_calls: int) -> float | None:
+    """New tokens per target call, the prefill call included (it produces the first token).
+
+    The one definition used by the runtime's stats, bench, the demo and the trained pair's measurement with
+    transformers (pair.json), so the figures compare directly.
+    """
+    return new_tokens / target_calls if target_calls else None
+
+
 @dataclass
 class Stats:
     rounds: int = 0
@@ -44,8 +53,7 @@ class Stats:
             "acceptance_by_position": [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)],
             "mean_accepted_per_round": self.accepted / self.rounds if self.rounds else None,
             "target_calls": self.target_calls, "drafter_calls": self.drafter_calls,
-            # the prefill call produces the first token; decode-phase calls produce the rest
-            "tokens_per_target_call": (self.new_tokens - 1) / (self.target_calls - 1) if self.target_calls > 1 else None,
+            "tokens_per_target_call": tokens_per_target_call(self.new_tokens, self.target_calls),
             "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s,
             "latency_p50_ms": 1e3 * float(np.percentile(lat, 50)), "latency_p95_ms": 1e3 * float(np.percentile(lat, 95)),
             "tokens_per_s": (self.new_tokens - 1) / (self.total_s - self.ttft_s) if self.total_s > self.ttft_s and self.new_tokens > 1 else None,

@@ -20,12 +20,22 @@ class TextCodec:
     def encode(self, text: str, chat: bool = False) -> list[int]:
         """Token ids for a prompt; with chat, the text is one user turn in the model's chat template."""
         if chat:
-            text = self.render_chat([{"role": "user", "content": text}])
-            return self.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes BOS itself
+            return self.encode_chat([{"role": "user", "content": text}])
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         if self.add_bos and (not ids or ids[0] != self.bos):
             ids = [self.bos, *ids]
         return ids
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids for a conversation ([{"role", "content"}, ...]) rendered with the chat template, ready for
+        the model's next turn."""
+        if not messages:
+            raise ValueError("the conversation is empty; pass at least one message")
+        for m in messages:  # a clear error instead of jinja's UndefinedError deep in the template
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError(f"each chat message must be a dict with string 'role' and 'content' (got {m!r})")
+        text = self.render_chat(messages)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes BOS itself
 
     def render_chat(self, messages: list[dict]) -> str:
         if self.template is None:

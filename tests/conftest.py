@@ -30,9 +30,8 @@ def tiny_checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_exports(tmp_path_factory, tiny_checkpoints):
-    """name -> export folder (ONNX), exported with the built-in graph parity check on."""
-    from mtpkit.export.config import ExportConfig
-    from mtpkit.export.pipeline import export_model
+    """name -> export folder (ONNX), exported with the built-in graph parity check on, through the public API."""
+    import mtpkit
 
     root = tmp_path_factory.mktemp("exports")
     cache = {}
@@ -40,8 +39,7 @@ def tiny_exports(tmp_path_factory, tiny_checkpoints):
     def get(name: str):
         if name not in cache:
             target, drafter = tiny_checkpoints(name)
-            cache[name] = export_model(ExportConfig(target=str(target), drafter=str(drafter), out=root / name,
-                                                    reference_tokens=24, max_cache_len=256))
+            cache[name] = mtpkit.export_pair(target, drafter, root / name, reference_tokens=24, max_cache_len=256)
         return cache[name]
 
     return get

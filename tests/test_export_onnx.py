@@ -40,7 +40,7 @@ def test_kv_layout_lists_only_kv_owning_layers(tiny_exports, name):
     owners = {t: max(d.layer for d in layers if d.type == t) for t in heads}
     assert store == owners  # the drafter reads the last owner of each type
     target_inputs = {t.name for t in manifest.backend("onnx").signatures["verify"].inputs}
-    assert f"past_key_values.{n_layers - 1}.key" not in target_inputs  # no inputs for KV-shared layers
+    assert f"past_window.{n_layers - 1}.key" not in target_inputs  # no inputs for KV-shared layers
     if VARIANTS[name].get("k_eq_v"):
         full = [d for d in layers if d.type == "full_attention"]
         assert all(d.kv_heads == 1 for d in full)
@@ -51,7 +51,7 @@ def test_embedding_table_is_stored_once_and_shared_with_the_host(tiny_exports):
 
     out = tiny_exports("e2b_gemma4_centroid")
     manifest = load_manifest(out)
-    emb = manifest.embedding
+    emb = manifest.backend("onnx").options["embedding"]
     table = np.fromfile(out / emb["file"], dtype=np.float32).reshape(emb["shape"])
     model = onnx.load(str(out / "target.onnx"), load_external_data=False)
     external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]

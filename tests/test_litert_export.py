@@ -347,7 +347,7 @@ def test_target_matches_transformers(exported):
 
 
 def _empty_past(target):
-    return [torch.zeros(1, d["kv_heads"], 0, d["head_dim"]) for d in gemma4_text.kv_layers(target.config)
+    return [torch.zeros(1, d.kv_heads, 0, d.head_dim) for d in gemma4_text.kv_layers(target.config)
             for _ in (0, 1)]
 
 

@@ -6,8 +6,9 @@ import sys
 CODE = """
 import sys, pkgutil, importlib
 import mtpkit.runtime as rt
-for m in pkgutil.iter_modules(rt.__path__):
-    importlib.import_module('mtpkit.runtime.' + m.name)
+for m in pkgutil.walk_packages(rt.__path__, 'mtpkit.runtime.'):
+    importlib.import_module(m.name)
+import mtpkit, mtpkit.api
 import mtpkit.cli
 mtpkit.cli.build_parser()  # --help of every runtime subcommand must not pull torch either
 bad = sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'transformers', 'onnx', 'safetensors'))

@@ -9,7 +9,9 @@ layer caches by their target names -> logits, projected_activations) plus "draft
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import logging
 import resource
 import shutil
 import tempfile
@@ -20,13 +22,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
+
 from ..litert_patches import import_export_hf, litert_workarounds
+from ..scoped import patched
+from . import ExportJob
+
+log = logging.getLogger("mtpkit")
 from ..models import gemma4_assistant, gemma4_text
 
 MASK_HIDDEN = float(-0.7 * np.finfo(np.float32).max)  # what LiteRT-LM writes (InitializeAttentionMask, fp32)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "chat_template.jinja")
-
 
 class LiteRTDraftStep(nn.Module):
     """Gemma 4 assistant step over the target's LiteRT KV caches (K [1,h,C,d], V transposed [1,h,d,C]).
@@ -36,10 +41,10 @@ class LiteRTDraftStep(nn.Module):
     sliding layers pos-(W+1) <= j < pos (HF shows the drafter the last W+1 entries of what it is handed).
     """
 
-    def __init__(self, drafter: nn.Module, store: dict[str, int], window: int, cache_len: int):
+    def __init__(self, drafter: nn.Module, cache_index: dict[str, int], window: int, cache_len: int):
         super().__init__()
         self.drafter = drafter
-        self.store = store  # layer type -> target store layer (its cache names)
+        self.cache_index = cache_index  # layer type -> the target's cache index of its store layer (cache names)
         self.window = window
         self.register_buffer("slots", torch.arange(cache_len, dtype=torch.int32).view(1, 1, 1, -1), persistent=False)
 
@@ -56,48 +61,41 @@ class LiteRTDraftStep(nn.Module):
             masks = {t: torch.minimum(m, named["mask"]) for t, m in self.clean_masks(input_pos).items()}
         else:
             masks = {"full_attention": named["full_mask"], "sliding_attention": named["sliding_mask"]}
-        shared = {t: (named[f"kv_cache_k_{i}"], named[f"kv_cache_v_{i}"]) for t, i in self.store.items()}
-        model = self.drafter
-        text = model.model
-        cfg = text.config
-        hidden = model.pre_projection(activations)
-        position_ids = input_pos.view(1, 1)
-        for i, layer in enumerate(text.layers[: cfg.num_hidden_layers]):
-            layer_type = cfg.layer_types[i]
-            rope = text.rotary_emb(hidden, position_ids, layer_type)
-            hidden = layer(hidden, None, shared_kv_states=shared, position_embeddings=rope,
-                           attention_mask=masks[layer_type], position_ids=position_ids, cache=None,
-                           k_ts_idx=2, v_ts_idx=3)
-        hidden = text.norm(hidden)
-        projected = model.post_projection(hidden)
-        if model.masked_embedding is not None:  # HF's .item() replaced by a tensor min; no one_hot (B8)
-            logits = gemma4_assistant._centroid_logits(model.masked_embedding, hidden, model.lm_head.weight)
-        else:
-            logits = model.lm_head(hidden)
-        return {"logits": logits, "projected_activations": projected}  # no soft-cap on drafter logits (as HF)
+        shared = {t: (named[f"kv_cache_k_{n}"], named[f"kv_cache_v_{n}"]) for t, n in self.cache_index.items()}
+        logits, projected = gemma4_assistant.draft_forward(self.drafter, activations, input_pos, shared, masks,
+                                                           k_ts_idx=2, v_ts_idx=3)
+        return {"logits": logits, "projected_activations": projected}
 
 
 @contextlib.contextmanager
 def _attn_implementation(model: nn.Module, name: str):
     """Switch a loaded HF model's attention function for the export only (the caller's model is restored)."""
     configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
-    old = [(c, c._attn_implementation) for c in configs]
-    for c in configs:
-        c._attn_implementation = name
-    try:
+    with contextlib.ExitStack() as stack:
+        for c in configs:
+            stack.enter_context(patched(c, "_attn_implementation", name))
         yield
-    finally:
-        for c, value in old:
-            c._attn_implementation = value
 
 
-def drafter_samples(target_config, store: dict[str, int], cache_len: int) -> dict[str, dict]:
+def cache_indices(target_config) -> dict[str, int]:
+    """Layer type -> cache index of the store layer the drafter reads.
+
+    export_hf numbers the target's caches kv_cache_k_<n> by position among the KV-owning layers, and LiteRT-LM
+    hands the drafter the target's caches by those names; n equals the layer id only while every KV owner comes
+    before every shared layer.
+    """
+    owners = [d.layer for d in gemma4_text.kv_layers(target_config)]
+    return {t: owners.index(i) for t, i in gemma4_text.store_layers(target_config).items()}
+
+
+def drafter_samples(target_config, cache_index: dict[str, int], cache_len: int) -> dict[str, dict]:
     """Sample inputs of both drafter signatures; their keys become the .tflite input names."""
     kv = {}
-    for i in sorted(store.values()):
-        lc = target_config.per_layer_config[i]
-        kv[f"kv_cache_k_{i}"] = torch.randn(1, lc.num_key_value_heads, cache_len, lc.head_dim)
-        kv[f"kv_cache_v_{i}"] = torch.randn(1, lc.num_key_value_heads, lc.head_dim, cache_len)
+    owners = gemma4_text.kv_layers(target_config)
+    for n in sorted(cache_index.values()):
+        d = owners[n]
+        kv[f"kv_cache_k_{n}"] = torch.randn(1, d.kv_heads, cache_len, d.head_dim)
+        kv[f"kv_cache_v_{n}"] = torch.randn(1, d.kv_heads, d.head_dim, cache_len)
     common = {"activations": torch.randn(1, 1, 2 * target_config.hidden_size),
               "input_pos": torch.tensor([3], dtype=torch.int32)}
     mask = torch.zeros(1, 1, 1, cache_len)
@@ -110,10 +108,10 @@ def export_drafter(drafter_model: nn.Module, target_config, path: Path, cache_le
     import litert_torch
 
     import_export_hf()  # registers lrt_transposed_attention
-    store = gemma4_text.store_layers(target_config)
-    step = LiteRTDraftStep(drafter_model, store, target_config.sliding_window, cache_len).eval()
+    cache_index = cache_indices(target_config)
+    step = LiteRTDraftStep(drafter_model, cache_index, target_config.sliding_window, cache_len).eval()
     converter = litert_torch.Converter()
-    for name, sample in drafter_samples(target_config, store, cache_len).items():
+    for name, sample in drafter_samples(target_config, cache_index, cache_len).items():
         converter.signature(name, step, sample_kwargs=sample)  # one module object: weights stored once
     with _attn_implementation(drafter_model, "lrt_transposed_attention"), torch.no_grad():
         converter.convert(strict_export=False).export(str(path))
@@ -127,7 +125,7 @@ def gemma4_layout_checkpoint(target_dir: Path, dst: Path) -> Path:
     """
     from safetensors.torch import load_file, save_file
 
-    from ..checkpoint import safetensors_files
+    from ..checkpoint import HF_SIDE_FILES, safetensors_files
 
     config = json.loads((target_dir / "config.json").read_text())
     if config.get("model_type") != "gemma4_text":
@@ -143,7 +141,7 @@ def gemma4_layout_checkpoint(target_dir: Path, dst: Path) -> Path:
         for key, tensor in load_file(str(f)).items():
             state["model.language_model." + key.removeprefix("model.") if key.startswith("model.") else key] = tensor
     save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    for name in TOKENIZER_FILES:
+    for name in HF_SIDE_FILES:
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, dst / name)
     return dst
@@ -164,11 +162,8 @@ def _bundle_with_drafter(drafter_path: Path):
         self.add_tflite_model(str(drafter_path), litert_lm_builder.TfLiteModelType.MTP_DRAFTER)
         return original(self, stream, *args, **kwargs)
 
-    cls.build = build
-    try:
+    with patched(cls, "build", build):
         yield
-    finally:
-        cls.build = original
 
 
 def export_target(checkpoint: Path, work: Path, drafter_path: Path, *, prefill_len: int, cache_len: int,
@@ -181,6 +176,42 @@ def export_target(checkpoint: Path, work: Path, drafter_path: Path, *, prefill_l
                          externalize_embedder=True, assistant_model="mtpkit-drafter",
                          mtp_verifier_step=num_draft + 1, use_jinja_template=True, bundle_litert_lm=True,
                          export_vision_encoder=False, export_audio_encoder=False)  # text path only
+
+
+def export(job: ExportJob) -> Backend:
+    """The LiteRT graphs and .litertlm bundle into job.folder; their manifest entry."""
+    info = export_litert(job.target_folder, job.drafter, job.target, job.folder, prefill_len=job.cfg.prefill_len,
+                         cache_len=job.cfg.max_cache_len, num_draft=job.num_draft)
+    log.info("  LiteRT export took %.1f s, peak memory %.0f MB", info["export_seconds"], info["peak_rss_mb"])
+    return manifest_entry(job.folder, info)
+
+
+def manifest_entry(folder: Path, info: dict) -> Backend:
+    """Map export_litert's description onto the manifest: every signature by role, static lengths, masks."""
+    files = info["files"]
+    graphs = {k: GraphFile(file=v["file"], sha256=sha256_file(folder / v["file"]), bytes=v["bytes"], backend="litert")
+              for k, v in files.items()}
+    bundle = info["bundle"]["file"]
+    graphs["bundle"] = GraphFile(file=bundle, sha256=sha256_file(folder / bundle),
+                                 bytes=(folder / bundle).stat().st_size, backend="litert")
+    names = info["signatures"]
+    where = {"decode": ("target", names["decode"]), "verify": ("target", names["verify"]),
+             "draft": ("drafter", names["draft"]), "draft_masked": ("drafter", names["draft_masked"]),
+             "embed_decode": ("embedder", names["embed_decode"])}
+    if "per_layer_embed_decode" in names:
+        where["per_layer_embed_decode"] = ("per_layer_embedder", names["per_layer_embed_decode"])
+    for entry in names["prefill"]:
+        where[entry["signature"]] = ("target", entry["signature"])
+    sigs = {}
+    for key, (graph, name) in where.items():
+        d = files[graph]["signatures"][name]
+        sigs[key] = Signature(graph, [TensorSpec(**t) for t in d["inputs"]], [TensorSpec(**t) for t in d["outputs"]],
+                              d.get("num_tokens"), name)
+    options = {k: info[k] for k in ("cache_len", "verify_len", "num_draft", "mask", "kv_cache", "drafter_visibility",
+                                    "export_seconds", "peak_rss_mb")}
+    options["prefill"] = names["prefill"]
+    options["bundle"] = {"file": bundle, "sections": info["bundle"].get("sections")}
+    return Backend("litert", "state", graphs, sigs, options)
 
 
 def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, *, prefill_len: int,
@@ -222,7 +253,7 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
 
 TARGET_ROLES = {"embeddings": "embeddings", "per_layer_embeddings": "per_layer_embeddings", "input_pos": "input_pos",
                 "mask": "mask", "logits": "logits", "activations": "activations"}
-DRAFTER_ROLES = {"activations": "activations_in", "input_pos": "input_pos", "mask": "mask", "full_mask": "mask",
+DRAFTER_ROLES = {"activations": "embeds_and_activations", "input_pos": "input_pos", "mask": "mask", "full_mask": "mask",
                  "sliding_mask": "mask", "logits": "logits", "projected_activations": "projected_activations"}
 DRAFTER_MASK_TYPES = {"full_mask": "full_attention", "sliding_mask": "sliding_attention"}
 
@@ -231,7 +262,7 @@ def _tensor(name: str, detail: dict, kind: str, owners: list[int]) -> dict:
     spec = {"name": name, "shape": [int(x) for x in detail["shape"]], "dtype": np.dtype(detail["dtype"]).name}
     if name.startswith("kv_cache_"):
         k_or_v, index = name.removeprefix("kv_cache_").split("_")
-        layer = owners[int(index)] if kind == "target" else int(index)
+        layer = owners[int(index)]  # target and drafter both name caches by owner index (cache_indices)
         return {**spec, "role": "kv_key" if k_or_v == "k" else "kv_value", "layer": layer,
                 "seq_axis": 2 if k_or_v == "k" else 3}
     if kind == "target":
@@ -272,15 +303,15 @@ def describe_file(path: Path, kind: str, owners: list[int]) -> dict:
 
 def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, num_draft: int) -> dict:
     layers = gemma4_text.kv_layers(target_config)
-    owners = [d["layer"] for d in layers]
+    owners = [d.layer for d in layers]
     files = {key: describe_file(out_dir / f"{key}.tflite", kind, owners) for key, kind in
              (("target", "target"), ("embedder", "embeddings"), ("per_layer_embedder", "per_layer_embeddings"),
               ("drafter", "drafter"))}
     if signature_order(out_dir / "drafter.tflite")[0] != "draft":
         raise RuntimeError("drafter.tflite: signature 0 must be 'draft' (LiteRT-LM runs index 0)")
     window = target_config.sliding_window
-    for i, d in enumerate(layers):
-        d.update(key=f"kv_cache_k_{i}", value=f"kv_cache_v_{i}")
+    layer_names = [{**dataclasses.asdict(d), "key": f"kv_cache_k_{n}", "value": f"kv_cache_v_{n}"}
+                   for n, d in enumerate(layers)]
     return {
         "backend": "litert", "files": files,
         "bundle": {"file": "model.litertlm", "bytes": (out_dir / "model.litertlm").stat().st_size,
@@ -294,7 +325,7 @@ def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, 
                                                     "signature": f"prefill_per_layer_embedder_{prefill_len}"}],
                        "per_layer_embed_decode": "decode_per_layer_embedder"},
         "cache_len": cache_len, "prefill_lens": [prefill_len], "verify_len": num_draft + 1, "num_draft": num_draft,
-        "kv_cache": {"layers": layers, "store_layers": gemma4_text.store_layers(target_config), "dtype": "float32",
+        "kv_cache": {"layers": layer_names, "store_layers": gemma4_text.store_layers(target_config), "dtype": "float32",
                      "key_layout": "[1, kv_heads, cache_len, head_dim]", "key_seq_axis": 2,
                      "value_layout": "[1, kv_heads, head_dim, cache_len] (transposed)", "value_seq_axis": 3,
                      "state": "every target signature takes all caches and returns the updated copies"},

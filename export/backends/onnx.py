@@ -1,5 +1,9 @@
 """ONNX backend: torch.export (dynamo) of the step modules, then the embedding table moved to a shared file.
 
+One dynamic-T target graph serves prefill, decode and verify (window KV I/O: past window in, the T new entries
+out, named new.{i}.key/value so they cannot be mistaken for optimum's past+new `present.*`); the drafter graph
+serves draft.
+
 The target graph's tied embedding/lm_head table is written once, as ONNX external data in `embeddings.bin`;
 the runtime memory-maps the same file to look up the drafter's token embeddings, so the 262k-row table is
 stored once. Graphs larger than 2 GB keep the rest of their weights in `<graph>.onnx.data`.
@@ -14,12 +18,90 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtpkit.runtime.manifest import Signature
+from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Signature, TensorSpec, sha256_file
+
+from ..scoped import logger_level
+from . import ExportJob
 
 log = logging.getLogger(__name__)
 EMBEDDINGS_FILE = "embeddings.bin"
 OPSET = 20
 _TWO_GB = 2**31 - 2**26  # protobuf's hard limit, with headroom for the graph itself
+_REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"
+PAST = "past_window.{layer}.{kind}"
+NEW = "new.{layer}.{kind}"
+
+
+def export(job: ExportJob) -> Backend:
+    """target.onnx + drafter.onnx + embeddings.bin into job.folder; their manifest entry."""
+    sigs = signatures(job.kv_layers, job.store, job.hidden, job.vocab)
+    t_path, d_path = job.folder / "target.onnx", job.folder / "drafter.onnx"
+    export_graph(job.target_adapter.TargetStep(job.target), sigs["verify"], _target_sample(job.kv_layers), t_path)
+    export_graph(job.drafter_adapter.DraftStep(job.drafter), sigs["draft"],
+                 _draft_sample(job, job.hidden), d_path)
+    embed = job.target.model.embed_tokens
+    embedding = share_embedding(t_path, embed.weight.detach().numpy())
+    embedding["scale"] = float(embed.embed_scale.to(embed.weight.dtype))
+    graphs = {name: _graph_file(job.folder, p) for name, p in (("target", t_path), ("drafter", d_path))}
+    return Backend("onnx", "window", graphs, sigs, {"embedding": embedding})
+
+
+def signatures(kv_layers, store: dict[str, int], hidden: int, vocab: int) -> dict[str, Signature]:
+    t_in, t_out = _target_io(kv_layers, hidden, vocab)
+    d_in, d_out = _drafter_io({t: next(d for d in kv_layers if d.layer == i) for t, i in store.items()}, hidden, vocab)
+    return {"prefill": Signature("target", t_in, t_out, None), "decode": Signature("target", t_in, t_out, 1),
+            "verify": Signature("target", t_in, t_out, None), "draft": Signature("drafter", d_in, d_out, 1)}
+
+
+def _target_io(kv_layers, hidden: int, vocab: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """(input_ids [1,T], input_pos [1], past windows) -> logits, final-norm hidden states, new K/V."""
+    inputs = [TensorSpec("input_ids", "input_ids", [1, "T"], "int64"),
+              TensorSpec("input_pos", "input_pos", [1], "int64")]
+    outputs = [TensorSpec("logits", "logits", [1, "T", vocab], "float32"),
+               TensorSpec("hidden_states", "activations", [1, "T", hidden], "float32")]
+    for d in kv_layers:
+        past = "past_sliding" if d.type == "sliding_attention" else "past_full"
+        for kind in ("key", "value"):
+            inputs.append(TensorSpec(PAST.format(layer=d.layer, kind=kind), f"past_{kind}",
+                                     [1, d.kv_heads, past, d.head_dim], "float32", d.layer))
+            outputs.append(TensorSpec(NEW.format(layer=d.layer, kind=kind), f"new_{kind}",
+                                      [1, d.kv_heads, "T", d.head_dim], "float32", d.layer))
+    return inputs, outputs
+
+
+def _drafter_io(store: dict[str, KVLayer], hidden: int, vocab: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Store-layer K/V are read-only inputs, tagged with the target layer and layer type they come from."""
+    inputs = [TensorSpec("inputs_embeds", "inputs_embeds", [1, 1, hidden], "float32"),
+              TensorSpec("activations", "activations", [1, 1, hidden], "float32"),
+              TensorSpec("input_pos", "input_pos", [1], "int64")]
+    for layer_type in ("full_attention", "sliding_attention"):  # DraftStep.forward's argument order
+        d, short = store[layer_type], layer_type.split("_")[0]
+        for kind in ("key", "value"):
+            inputs.append(TensorSpec(f"{short}_{kind}", f"store_{kind}", [1, d.kv_heads, f"{short}_len", d.head_dim],
+                                     "float32", d.layer, layer_type=layer_type))
+    outputs = [TensorSpec("logits", "logits", [1, 1, vocab], "float32"),
+               TensorSpec("projected_activations", "projected_activations", [1, 1, hidden], "float32")]
+    return inputs, outputs
+
+
+def _target_sample(kv_layers) -> tuple:
+    t, p = 3, 5  # avoid 0/1 so torch.export keeps T and the past lengths dynamic
+    past = [torch.randn(1, d.kv_heads, p, d.head_dim) for d in kv_layers for _ in (0, 1)]
+    return (torch.randint(0, 8, (1, t)), torch.tensor([p]), *past)
+
+
+def _draft_sample(job: ExportJob, hidden: int) -> tuple:
+    full, sliding = job.kv_layer(job.store["full_attention"]), job.kv_layer(job.store["sliding_attention"])
+    return (torch.randn(1, 1, hidden), torch.randn(1, 1, hidden), torch.tensor([6]),
+            torch.randn(1, full.kv_heads, 6, full.head_dim), torch.randn(1, full.kv_heads, 6, full.head_dim),
+            torch.randn(1, sliding.kv_heads, 5, sliding.head_dim),
+            torch.randn(1, sliding.kv_heads, 5, sliding.head_dim))
+
+
+def _graph_file(folder: Path, path: Path) -> GraphFile:
+    data = {p.name: sha256_file(p) for p in data_files(path)}
+    size = path.stat().st_size + sum((folder / n).stat().st_size for n in data)
+    return GraphFile(file=path.name, sha256=sha256_file(path), bytes=size, backend="onnx", data_files=data)
 
 
 def _names(specs) -> list[str]:
@@ -45,9 +127,8 @@ def export_graph(step: torch.nn.Module, signature: Signature, sample: tuple, pat
     fixed = _n_positional(step)
     if len(dims) > fixed:  # *past varargs need a nested spec
         dims = [*dims[:fixed], tuple(dims[fixed:])]
-    # torch.onnx logs one warning per missing torchvision op; irrelevant here
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    with warnings.catch_warnings(), torch.no_grad():
+    # torch.onnx logs one warning per missing torchvision op; irrelevant here (scoped: the caller's level returns)
+    with warnings.catch_warnings(), torch.no_grad(), logger_level(_REGISTRATION_LOGGER, logging.ERROR):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             step, sample, input_names=_names(signature.inputs), output_names=_names(signature.outputs),

@@ -71,26 +71,34 @@ class DraftStep(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        self.text_config = model.config.get_text_config()
 
     def forward(self, inputs_embeds, activations, input_pos, full_key, full_value, sliding_key, sliding_value):
-        text = self.model.model
-        cfg = self.text_config
-        hidden = self.model.pre_projection(torch.cat([inputs_embeds, activations], dim=-1))
-        position_ids = input_pos.view(1, 1)
         shared = {"full_attention": (full_key, full_value), "sliding_attention": (sliding_key, sliding_value)}
-        for i, layer in enumerate(text.layers[: cfg.num_hidden_layers]):
-            layer_type = cfg.layer_types[i]
-            rope = text.rotary_emb(hidden, position_ids, layer_type)
-            hidden = layer(hidden, None, shared_kv_states=shared, position_embeddings=rope, attention_mask=None,
-                           position_ids=position_ids, cache=None)
-        hidden = text.norm(hidden)
-        projected = self.model.post_projection(hidden)
-        if self.model.masked_embedding is not None:
-            logits = _centroid_logits(self.model.masked_embedding, hidden, self.model.lm_head.weight)
-        else:
-            logits = self.model.lm_head(hidden)
-        return logits, projected  # no softcap on drafter logits, whatever the config says (as HF)
+        return draft_forward(self.model, torch.cat([inputs_embeds, activations], dim=-1), input_pos, shared)
+
+
+def draft_forward(model: nn.Module, embeds_and_activations, input_pos, shared: dict, masks: dict | None = None,
+                  **layer_kwargs):
+    """The drafter's step, shared by the ONNX and LiteRT exports: -> (logits, projected activations).
+
+    shared: layer type -> the target store layer's (K, V); masks: layer type -> additive mask, or None when the
+    host passes only visible entries. No soft-cap on drafter logits, whatever the config says (as HF).
+    """
+    text = model.model
+    cfg = text.config
+    hidden = model.pre_projection(embeds_and_activations)
+    position_ids = input_pos.view(1, 1)
+    for i, layer in enumerate(text.layers[: cfg.num_hidden_layers]):
+        layer_type = cfg.layer_types[i]
+        rope = text.rotary_emb(hidden, position_ids, layer_type)
+        hidden = layer(hidden, None, shared_kv_states=shared, position_embeddings=rope,
+                       attention_mask=masks[layer_type] if masks else None, position_ids=position_ids, cache=None,
+                       **layer_kwargs)
+    hidden = text.norm(hidden)
+    projected = model.post_projection(hidden)
+    if model.masked_embedding is not None:  # HF's .item() replaced by a tensor min; no one_hot (B8)
+        return _centroid_logits(model.masked_embedding, hidden, model.lm_head.weight), projected
+    return model.lm_head(hidden), projected
 
 
 def _centroid_logits(head: nn.Module, hidden, lm_head_weight):

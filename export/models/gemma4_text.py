@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mtpkit.runtime.manifest import KVLayer
+
 from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
 
 MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -63,16 +65,11 @@ def _load_state(model: nn.Module, state: dict, source: Source) -> None:
         ple.embed_scale = torch.tensor(model.config.hidden_size_per_layer_input**0.5)
 
 
-def kv_layers(config) -> list[dict]:
+def kv_layers(config) -> tuple[KVLayer, ...]:
     """The layers that own a KV cache (all others reuse a store layer's K/V in the same pass)."""
-    out = []
-    for i, mode in enumerate(config.kv_sharing_modes):
-        if mode == "reuse":
-            continue
-        lc = config.per_layer_config[i]
-        out.append({"layer": i, "type": config.layer_types[i], "kv_heads": lc.num_key_value_heads,
-                    "head_dim": lc.head_dim})
-    return out
+    return tuple(KVLayer(i, config.layer_types[i], config.per_layer_config[i].num_key_value_heads,
+                         config.per_layer_config[i].head_dim)
+                 for i, mode in enumerate(config.kv_sharing_modes) if mode != "reuse")
 
 
 def store_layers(config) -> dict[str, int]:
@@ -91,7 +88,7 @@ class TargetStep(nn.Module):
         super().__init__()
         self.model = model
         self.config = model.config
-        self.owners = [d["layer"] for d in kv_layers(model.config)]
+        self.owners = [d.layer for d in kv_layers(model.config)]
 
     def forward(self, input_ids, input_pos, *past):
         text = self.model.model

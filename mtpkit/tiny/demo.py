@@ -61,6 +61,7 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
 
     from mtpkit.runtime.bench import BenchConfig, bench_prompt, run_once
     from mtpkit.runtime.engine import Engine, GenConfig
+    from mtpkit.runtime.stats import tokens_per_target_call
 
     from .train import ASSETS
     from .training.corpus import load_corpus
@@ -80,8 +81,8 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
         row["bench"] = bench_prompt(engine, category, ids, BenchConfig(repeats=1, max_new_tokens=max_new_tokens,
                                                                          num_assistant_tokens=4))
         rows.append(row)
-    summary = {mode: sum(r[mode]["new_tokens"] for r in rows) / sum(r[mode]["target_calls"] for r in rows)
-               for mode in ("hf", "clean")}
+    summary = {mode: tokens_per_target_call(sum(r[mode]["new_tokens"] for r in rows),
+                                            sum(r[mode]["target_calls"] for r in rows)) for mode in ("hf", "clean")}
     return {"backend": backend, "prompts": len(rows), "rows": rows, "tokens_per_target_call": summary,
             "transformers_tokens_per_target_call": pair["figures"]["all"]["tokens_per_target_call"],
             "median_speedup": statistics.median(r["bench"]["speedup"] for r in rows)}

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 import torch
 
 from mtpkit.export.reference import record_drafts
+from mtpkit.export.scoped import patched
+from mtpkit.runtime.stats import tokens_per_target_call
 
 # A prompt ends where the model must continue code, or inside a docstring/comment (prose-like text).
 CATEGORIES = {
@@ -46,11 +48,8 @@ def count_forwards(target):
         calls[0] += 1
         return forward(*args, **kwargs)
 
-    target.forward = counted
-    try:
+    with patched(target, "forward", counted):
         yield calls
-    finally:
-        del target.forward  # drop the instance attribute; the class method is visible again
 
 
 def run_prompt(target, drafter, ids: torch.Tensor, new_tokens: int) -> dict:
@@ -85,7 +84,7 @@ def summarise(results: list[dict]) -> dict:
         "lossless_prompts": sum(r["lossless"] for r in results),
         "acceptance_pos1": round(sum(r["first_hits"] for r in results) / max(1, first_total), 4),
         "mean_accepted_per_round": round(sum(accepted) / max(1, len(accepted)), 4),
-        "tokens_per_target_call": round(new / max(1, calls), 4),
+        "tokens_per_target_call": round(tokens_per_target_call(new, calls) or 0.0, 4),
         "new_tokens": new, "target_calls": calls, "draft_rounds": len(accepted),
     }
 

@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 
-from .kv_cache import CacheFullError, LastCall, drafter_ranges
-from .manifest import Backend, Manifest
+from ..handoff import CacheFullError, LastCall, drafter_ranges
+from ..manifest import Backend, Manifest
 
 
 class LiteRtSession:
@@ -22,7 +22,7 @@ class LiteRtSession:
     def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None):
         from ai_edge_litert.interpreter import Interpreter
 
-        self.manifest, self.backend = manifest, backend
+        self.backend = backend
         self._runners = {}
         for name, graph in backend.graphs.items():
             if not graph.file.endswith(".tflite"):
@@ -106,10 +106,10 @@ class StateTarget:
         """Same contract as the ONNX Target; after a prefill only the last row is returned."""
         start = pos  # the logical call covers all of ids, however many graph calls it takes
         if pos == 0 and len(ids) > 1:
-            chunk = self.prefill[-1]
-            for start in range(0, len(ids) - 1, chunk["num_tokens"]):
-                part = ids[start:min(start + chunk["num_tokens"], len(ids) - 1)]
-                self._call(chunk["signature"], part + [0] * (chunk["num_tokens"] - len(part)), start)
+            n = self.prefill[-1]["num_tokens"]
+            for chunk_start in range(0, len(ids) - 1, n):
+                part = ids[chunk_start:min(chunk_start + n, len(ids) - 1)]
+                self._call(self.prefill[-1]["signature"], part + [0] * (n - len(part)), chunk_start)
             pos, ids = len(ids) - 1, ids[-1:]
         if len(ids) == 1:
             out = self._call("decode", ids, pos)
@@ -132,9 +132,9 @@ class StateDrafter:
         self.kv_keys = [t.key for t in sig.inputs if t.role.startswith("kv_")]
         self.calls = 0
 
-    def step(self, token: int, hidden: np.ndarray, pos: int, view: dict) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, token: int, activations: np.ndarray, pos: int, view: dict | None) -> tuple[np.ndarray, np.ndarray]:
         emb, _ = embed(self.session, [token])  # the target's scaled embedding, from its embedder
-        feeds = {("activations_in", None): np.concatenate([emb, hidden.reshape(1, 1, -1)], axis=-1),
+        feeds = {("embeds_and_activations", None): np.concatenate([emb, activations.reshape(1, 1, -1)], axis=-1),
                  ("input_pos", None): np.asarray([pos], np.int32), **{k: self.kv.tensors[k] for k in self.kv_keys}}
         if view is None:
             feeds[("mask", None)] = self.kv.causal_mask(pos, 1)
@@ -156,3 +156,9 @@ def embed(session: LiteRtSession, ids: list[int]) -> tuple[np.ndarray, np.ndarra
         if "per_layer_embed_decode" in session.backend.signatures:
             ple.append(session.run("per_layer_embed_decode", token)[("per_layer_embeddings", None)])
     return np.concatenate(emb, axis=1), (np.concatenate(ple, axis=1) if ple else None)
+
+
+def load(manifest: Manifest, backend: Backend, threads: int | None = None) -> tuple[StateTarget, StateDrafter]:
+    session = LiteRtSession(manifest, backend, threads)
+    kv = StateKV(manifest, backend)
+    return StateTarget(session, kv), StateDrafter(session, kv)

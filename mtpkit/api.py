@@ -1,0 +1,142 @@
+"""The Python API: export a Gemma 4 target + MTP drafter, open the export, generate, stream and chat.
+
+Only the standard library is imported here at module level, so `import mtpkit` stays cheap: the runtime (numpy,
+onnxruntime, tokenizers) loads when an export is opened, and the export side (torch, transformers) only inside
+export_pair(). Programs that only run exports never import torch.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+__all__ = ["Generation", "Model", "export_pair", "gen_config", "load"]
+
+
+def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **options) -> Path:
+    """Export `target` + its MTP `drafter` (local HF folders or hub ids) to the folder `out`; returns it.
+
+    Options are the fields of mtpkit.export.config.ExportConfig (one per `mtpkit export` flag), mainly:
+      backend="onnx"         "onnx,litert" also writes the .tflite graphs and model.litertlm ([litert] extra)
+      max_cache_len=4096     KV capacity the runtime preallocates: prompt + generated tokens
+      force=False            replace an existing `out`
+      check=True             compare every graph with PyTorch and fail loudly on any difference
+      reference_tokens=32    new tokens per prompt recorded from transformers for `mtpkit parity`
+      prefill_len=128, num_draft=None     LiteRT static shapes (prefill chunk, drafts per verify call)
+      target_revision=None, drafter_revision=None     hub revisions
+    Needs the [export] extra (torch, transformers).
+    """
+    from mtpkit.extras import require
+
+    require("export", "mtpkit.export_pair()")  # one clear line instead of an ImportError from deep in the pipeline
+    from mtpkit.export.config import ExportConfig
+    from mtpkit.export.pipeline import export_model
+
+    return export_model(ExportConfig(target=str(target), drafter=str(drafter), out=Path(out), **options))
+
+
+def load(export_dir: str | Path, backend: str | None = None, threads: int | None = None) -> Model:
+    """Open an export folder: checks every graph against its sha256, opens the sessions, preallocates the KV cache.
+
+    backend: "onnx" | "litert" (default: onnx when the export has it); threads: intra-op threads (default: all cores).
+    """
+    from mtpkit.runtime.engine import Engine
+
+    return Model(Engine(export_dir, threads, backend))
+
+
+def gen_config(max_new_tokens: int = 64, mtp: bool = True, num_draft: int | None = None, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> GenConfig:
+    """The runtime's GenConfig for Model's keyword arguments; raises ValueError for a bad value.
+
+    mtp=False decodes without the drafter on the same target graph; num_draft is the draft length k per round
+    (None: the drafter's generation_config, recorded in the manifest); temperature 0 is greedy. Sampling is
+    lossless: with or without mtp the output follows the target's distribution (greedy: identical tokens).
+    """
+    from mtpkit.runtime.engine import GenConfig
+    from mtpkit.runtime.sampling import SamplingConfig
+
+    return GenConfig(max_new_tokens=max_new_tokens, mtp=mtp, num_assistant_tokens=num_draft,
+                     sampling=SamplingConfig(temperature, top_k, top_p, seed))
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str  # the decoded output; special tokens (EOS, turn markers) are left out
+    token_ids: tuple[int, ...]  # output ids as produced, ending with the EOS id when generation stopped there
+    prompt_ids: tuple[int, ...]
+    stats: dict  # Stats.summary(): acceptance (overall, by position), calls, TTFT, latencies, tokens/s
+
+
+class Model:
+    """An opened export. One generation at a time: the KV cache is preallocated once and reused by every call.
+
+    Keyword arguments of generate/stream/chat/stream_chat are those of gen_config(). Generation stops at
+    max_new_tokens or at an EOS token. A prompt that does not fit the export's KV capacity raises ValueError.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine  # manifest, sessions, KV cache and codec (mtpkit.runtime.engine.Engine)
+        self.last_stats: dict | None = None  # Stats.summary() of the latest run, also one stopped early
+
+    def generate(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_draft: int | None = None,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                 chat: bool = False) -> Generation:
+        """Generate a continuation of `prompt`; chat=True wraps it as one user turn in the chat template."""
+        cfg = gen_config(max_new_tokens, mtp, num_draft, temperature, top_k, top_p, seed)
+        return self._generation(self.engine.codec.encode(prompt, chat=chat), cfg)
+
+    def stream(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_draft: int | None = None,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+               chat: bool = False) -> Iterator[str]:
+        """Like generate, but yields text deltas as tokens arrive; joined they equal generate's text.
+
+        Arguments are checked now, not at the first next(); stats are in self.last_stats once the iterator ends.
+        """
+        cfg = gen_config(max_new_tokens, mtp, num_draft, temperature, top_k, top_p, seed)
+        return self._deltas(self.engine.codec.encode(prompt, chat=chat), cfg)
+
+    def chat(self, messages: list[dict], **options) -> Generation:
+        """The next assistant turn for `messages` ([{"role": "user" | "assistant" | ..., "content": str}, ...]),
+        rendered with the export's chat template."""
+        return self._generation(self.engine.codec.encode_chat(list(messages)), gen_config(**options))
+
+    def stream_chat(self, messages: list[dict], **options) -> Iterator[str]:
+        """chat(), streamed as text deltas (see stream)."""
+        return self._deltas(self.engine.codec.encode_chat(list(messages)), gen_config(**options))
+
+    def _generation(self, prompt_ids: list[int], cfg: GenConfig) -> Generation:
+        out = list(self._tokens(prompt_ids, cfg))
+        return Generation(self.engine.codec.decode(out), tuple(out), tuple(prompt_ids), self.last_stats)
+
+    def _deltas(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[str]:
+        from mtpkit.runtime.tokenizer import StreamDecoder
+
+        decoder = StreamDecoder(self.engine.codec)
+        with closing(self._tokens(prompt_ids, cfg)) as tokens:  # a caller that stops early still gets last_stats
+            for token in tokens:
+                delta = decoder.push(token)
+                if delta:
+                    yield delta
+        # StreamDecoder holds back a trailing U+FFFD (it may be half a character); at the end it is final text,
+        # and generate() keeps it, so the joined deltas must too.
+        tail = self.engine.codec.decode(decoder.ids)[len(decoder.emitted):]
+        if tail:
+            yield tail
+
+    def _tokens(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[int]:
+        from mtpkit.runtime.stats import Stats
+
+        stats = Stats()
+        run = self.engine.generate(prompt_ids, cfg, stats)
+        try:
+            for token, _ in run:
+                yield token
+        finally:
+            run.close()  # the engine records its call counts when its generator closes
+            self.last_stats = stats.summary()

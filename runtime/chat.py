@@ -1,0 +1,89 @@
+"""`mtpkit chat`: a multi-turn conversation in the terminal (torch-free)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .roles import BACKENDS
+
+EPILOG = """Type a message and press Enter: the answer streams to stdout, then the same stats line as `mtpkit run`
+goes to stderr. The whole conversation is rendered with the export's chat template every turn, so it must fit
+the export's KV capacity together with --max-new-tokens; /reset clears the history. An empty line or end of
+input (Ctrl-D) ends the session. Greedy by default; --temperature > 0 samples losslessly.
+
+examples:
+  mtpkit chat DIR
+  mtpkit chat DIR --temperature 0.8 --top-p 0.95 --seed 1 --max-new-tokens 256
+  printf 'hello\\nand again\\n' | mtpkit chat DIR --no-mtp 2>/dev/null
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.epilog = EPILOG
+    p.add_argument("dir", type=Path, help="export folder written by 'mtpkit export'")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer per turn")
+    p.add_argument("--num-assistant-tokens", "-k", type=int, default=None, help="draft length k per round")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None, help="reseeds every turn, so a replayed session repeats")
+    p.add_argument("--no-mtp", dest="mtp", action="store_false", help="plain decoding, no drafter")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    p.add_argument("--backend", default=None, help=f"{' | '.join(BACKENDS)} (default: onnx when the export has it)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mtpkit.api import gen_config, load
+
+    from .commands import _stats_line
+
+    options = dict(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_draft=args.num_assistant_tokens,
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    gen_config(**options)  # bad flags fail (exit 2) before the export opens, not after the first message
+    model = load(args.dir, args.backend, args.threads)
+    history: list[dict] = []
+    while (text := _read_line()) is not None:
+        if text == "/reset":
+            history.clear()
+            print("mtpkit: history cleared", file=sys.stderr, flush=True)
+            continue
+        history.append({"role": "user", "content": text})
+        answer = _answer(model, history, options)
+        if answer is None:
+            history.pop()  # that turn never happened; keep the history consistent for /reset or a shorter try
+            continue
+        history.append({"role": "assistant", "content": answer})
+        sys.stderr.write(_stats_line(model.last_stats, args.mtp) + "\n")
+        sys.stderr.flush()
+    return 0
+
+
+def _read_line() -> str | None:
+    """The next user message; None at an empty line or end of input. The prompt goes to stderr, and only for a
+    person at a terminal, so piped stdout holds nothing but answers."""
+    if sys.stdin.isatty():
+        sys.stderr.write("> ")
+        sys.stderr.flush()
+    line = sys.stdin.readline()
+    text = line.rstrip("\r\n")
+    return text if text.strip() else None
+
+
+def _answer(model, history: list[dict], options: dict) -> str | None:
+    """Streams the assistant's answer to stdout and returns it; None (after one line on stderr) when the turn
+    cannot run, e.g. the conversation no longer fits the export's KV capacity."""
+    parts: list[str] = []
+    try:
+        for delta in model.stream_chat(history, **options):
+            parts.append(delta)
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    except ValueError as e:  # the session survives: the user can /reset and go on
+        if parts:
+            print(flush=True)
+        print(f"mtpkit chat: {e}; type /reset to clear the history", file=sys.stderr, flush=True)
+        return None
+    print(flush=True)  # end the streamed answer before the stats line on stderr
+    return "".join(parts)

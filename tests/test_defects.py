@@ -1,0 +1,108 @@
+"""Regression tests for defects found while reshaping the backends (issue 9); each failed before its fix."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def test_litert_prefill_records_the_whole_logical_call():
+    """runtime/backends/litert.py: the chunked prefill loop reused `start`, so kv.last.start was the last chunk's."""
+    from mtpkit.runtime.backends.litert import StateTarget
+    from mtpkit.runtime.handoff import LastCall
+
+    target = StateTarget.__new__(StateTarget)
+    target.kv = types.SimpleNamespace(last=LastCall(), capacity=256)
+    target.prefill, target.verify_len, target.calls = [{"num_tokens": 4, "signature": "prefill_4"}], 5, 0
+    calls = []
+
+    def fake_call(signature, ids, pos):
+        calls.append((signature, pos))
+        return {("logits", None): np.zeros((1, len(ids), 3)), ("activations", None): np.zeros((1, len(ids), 2))}
+
+    target._call = fake_call
+    target.forward(list(range(11)), 0)  # 10 prompt tokens in chunks at 0, 4, 8, then decode of the last at 10
+    assert calls == [("prefill_4", 0), ("prefill_4", 4), ("prefill_4", 8), ("decode", 10)]
+    assert (target.kv.last.start, target.kv.last.end) == (0, 11)
+
+
+def test_reference_restores_num_assistant_tokens_when_generate_fails():
+    """export/reference.py restored the drafter's num_assistant_tokens outside a finally."""
+    from mtpkit.export import reference
+
+    class Target:
+        def __call__(self, x):
+            return types.SimpleNamespace(logits=torch.zeros(1, x.shape[1], 3))
+
+        def generate(self, x, **kwargs):
+            if "assistant_model" in kwargs:
+                raise RuntimeError("generate failed")
+            return torch.zeros(1, x.shape[1] + 2, dtype=torch.long)
+
+    drafter = types.SimpleNamespace(generation_config=types.SimpleNamespace(num_assistant_tokens=5))
+    with pytest.raises(RuntimeError, match="generate failed"):
+        reference.record(Target(), drafter, [("p", [2, 3])], max_new_tokens=2, eos_ids=[1])
+    assert drafter.generation_config.num_assistant_tokens == 5
+
+
+def test_onnx_export_leaves_the_torch_logger_level_alone(tmp_path):
+    """export/backends/onnx.py set a torch.onnx logger to ERROR for the whole process and never restored it."""
+    from mtpkit.export.backends import onnx as onnx_backend
+    from mtpkit.runtime.manifest import Signature, TensorSpec
+
+    class Double(torch.nn.Module):
+        def forward(self, input_ids):
+            return input_ids * 2
+
+    logger = logging.getLogger(onnx_backend._REGISTRATION_LOGGER)
+    logger.setLevel(logging.WARNING)
+    sig = Signature("g", [TensorSpec("x", "input_ids", [1, "T"], "float32")],
+                    [TensorSpec("y", "logits", [1, "T"], "float32")])
+    onnx_backend.export_graph(Double(), sig, (torch.ones(1, 3),), tmp_path / "g.onnx")
+    assert (tmp_path / "g.onnx").is_file() and logger.level == logging.WARNING
+
+
+def test_litert_drafter_caches_are_named_by_owner_index():
+    """export/backends/litert.py read the drafter's kv_cache_<k|v>_<n> as layer n but the target's as the n-th
+    KV owner; LiteRT-LM hands the drafter the target's caches by name, so both must mean the n-th owner."""
+    pytest.importorskip("litert_torch")
+    from mtpkit.export.backends import litert
+
+    owners = [0, 1, 2, 5]  # a layout where a KV owner comes after a shared layer
+    detail = {"shape": [1, 1, 16, 8], "dtype": np.float32}
+    assert litert._tensor("kv_cache_k_3", detail, "drafter", owners)["layer"] == 5
+    assert litert._tensor("kv_cache_k_3", detail, "target", owners)["layer"] == 5
+
+
+def test_litert_cache_indices_of_gemma4_store_layers(tiny_checkpoints):
+    pytest.importorskip("litert_torch")
+    from mtpkit.export.backends import litert
+    from mtpkit.export.checkpoint import resolve
+    from mtpkit.export.models import gemma4_text
+
+    config = gemma4_text.hf_config(resolve(str(tiny_checkpoints("e2b_gemma4_centroid")[0]), "target"))
+    owners = [d.layer for d in gemma4_text.kv_layers(config)]
+    index = litert.cache_indices(config)
+    assert {t: owners[n] for t, n in index.items()} == gemma4_text.store_layers(config)
+
+
+def test_an_older_manifest_schema_is_refused_with_a_clear_message(tmp_path):
+    import json
+
+    from mtpkit.runtime.manifest import ManifestError, load_manifest
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1, "mtpkit_version": "0.1.0"}))
+    with pytest.raises(ManifestError, match=r"schema_version 1 \(written by mtpkit 0.1.0\).*re-export"):
+        load_manifest(tmp_path)
+
+
+def test_a_role_outside_the_role_table_is_refused():
+    from mtpkit.runtime.manifest import ManifestError, TensorSpec
+
+    with pytest.raises(ManifestError, match="role 'present_key'"):
+        TensorSpec("present.0.key", "present_key", [1, 1, "T", 8], "float32", 0)
