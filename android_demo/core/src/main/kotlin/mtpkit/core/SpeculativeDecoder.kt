@@ -1,0 +1,102 @@
+package mtpkit.core
+
+/**
+ * The draft-verify loop (one screen), the plain baseline and draft-length schedules; mirrors runtime/speculative.py.
+ *
+ * Per round: the drafter proposes numDraft tokens from the target's activations and store-layer K/V, the target
+ * verifies [newest, d1..dk] in one call, greedy acceptance keeps a prefix plus one target token. Rollback of the
+ * rejected drafts is `pos` moving forward by only n + 1: their K/V slots are simply overwritten later.
+ */
+
+val SCHEDULES = listOf("constant", "heuristic")
+
+/** One generated token; fromDraft is true when a drafter proposal was accepted for it. */
+data class Emitted(val token: Int, val fromDraft: Boolean)
+
+/** constant: always k. heuristic: +2 after a round where every draft was accepted, -1 otherwise (>= 1). */
+class DraftSchedule(val kind: String = "constant", k: Int = 4, val cap: Int = 16) {
+    var k = k
+        private set
+
+    init {
+        require(kind in SCHEDULES) { "unknown schedule '$kind'; use one of ${SCHEDULES.joinToString()}" }
+        require(k >= 1) { "number of draft tokens must be >= 1 (got $k); run plainGenerate to disable drafting" }
+        require(cap >= k) { "draft cap $cap is below the initial draft length $k" }
+    }
+
+    fun update(accepted: Int, drafted: Int) {
+        if (kind == "heuristic") k = if (accepted == drafted) minOf(cap, k + 2) else maxOf(1, k - 1)
+    }
+}
+
+/** Greedy speculative decoding: yields tokens until EOS or [maxNewTokens]; the output equals the target's greedy output. */
+fun speculativeGenerate(target: Target, drafter: Drafter, prompt: IntArray, schedule: DraftSchedule,
+                        maxNewTokens: Int, eosIds: Set<Int>, stats: Stats = Stats()): Sequence<Emitted> = sequence {
+    val prefill = target.forward(prompt, 0)
+    var pos = prompt.size // the newest token sits at pos, not yet in the cache
+    var token = argmax(prefill.logits.last())
+    var h = prefill.activations.last()
+    var produced = 1
+    yield(Emitted(token, false))
+    while (produced < maxNewTokens && token !in eosIds) {
+        val numDraft = minOf(schedule.k, maxNewTokens - produced - 1) // never draft past maxNewTokens
+        val drafts = draft(drafter, target.drafterView(pos), token, h, pos, numDraft)
+        val verified = target.forward(intArrayOf(token, *drafts), pos)
+        val (n, next) = verify(verified.logits, drafts)
+        if (numDraft > 0) {
+            stats.round(numDraft, n, drafts)
+            schedule.update(n, numDraft)
+        }
+        for (d in drafts.take(n)) {
+            yield(Emitted(d, true))
+            if (d in eosIds) return@sequence
+        }
+        yield(Emitted(next, false))
+        pos += n + 1
+        token = next
+        h = verified.activations[n]
+        produced += n + 1
+    }
+}
+
+/** numDraft drafter steps at a constant position, each fed its own greedy token and projected activations. */
+private fun draft(drafter: Drafter, view: DrafterView, token: Int, h: FloatArray, pos: Int, numDraft: Int): IntArray {
+    val drafts = IntArray(numDraft)
+    var (last, act) = token to h
+    for (i in 0 until numDraft) {
+        val out = drafter.step(last, act, pos, view)
+        last = argmax(out.logits)
+        act = out.activations
+        drafts[i] = last
+    }
+    return drafts
+}
+
+/** Greedy acceptance: the accepted prefix length n and the target's token after it (correction or bonus). */
+private fun verify(logits: List<FloatArray>, drafts: IntArray): Pair<Int, Int> {
+    for ((i, d) in drafts.withIndex()) {
+        val best = argmax(logits[i])
+        if (d != best) return i to best
+    }
+    return drafts.size to argmax(logits[drafts.size])
+}
+
+/** The baseline: one target call per token on the same graphs. */
+fun plainGenerate(target: Target, prompt: IntArray, maxNewTokens: Int, eosIds: Set<Int>): Sequence<Emitted> = sequence {
+    var pos = prompt.size
+    var token = argmax(target.forward(prompt, 0).logits.last())
+    yield(Emitted(token, false))
+    repeat(maxNewTokens - 1) {
+        if (token in eosIds) return@sequence
+        token = argmax(target.forward(intArrayOf(token), pos).logits.last())
+        pos += 1
+        yield(Emitted(token, false))
+    }
+}
+
+/** Index of the largest logit; ties go to the lowest index, as numpy.argmax does. */
+fun argmax(logits: FloatArray): Int {
+    var best = 0
+    for (i in 1 until logits.size) if (logits[i] > logits[best]) best = i
+    return best
+}

@@ -1,0 +1,18 @@
+// Test-only: core's GraphSession over ONNX Runtime's C API (JNA) on the desktop JVM, and the parity test.
+// Run: gradle :desktop:test -PmtpkitExport=DIR -PmtpkitCli=.venv/bin/mtpkit -PortLib=.../libonnxruntime.so.1.x
+plugins { alias(libs.plugins.kotlin.jvm) }
+
+kotlin { jvmToolchain(17) }
+
+dependencies {
+    implementation(project(":core"))
+    implementation(libs.jna)
+    testImplementation(libs.junit.jupiter)
+}
+
+tasks.test {
+    useJUnitPlatform()
+    systemProperty("mtpkit.export", providers.gradleProperty("mtpkitExport").getOrElse(""))
+    systemProperty("mtpkit.cli", providers.gradleProperty("mtpkitCli").getOrElse(""))
+    systemProperty("mtpkit.ortLib", providers.gradleProperty("ortLib").getOrElse(""))
+}
