@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 
 from mtpkit.runtime.roles import BACKENDS
+
+from .config import BLOCK_SIZES, QUANT_RECIPES  # torch-free, so --help works in the runtime-only install
 
 log = logging.getLogger("mtpkit")
 
@@ -32,7 +33,15 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help=f"comma-separated: {', '.join(BACKENDS)} (every backend also writes the ONNX graphs it is "
                         "checked against; default onnx)")
     p.add_argument("--max-cache-len", type=int, default=4096, help="KV capacity in tokens (default 4096)")
-    p.add_argument("--quant", default="none", help="quantization recipe (default none)")
+    p.add_argument("--quant", default="fp32", choices=QUANT_RECIPES,
+                   help="target weights: fp32 (default), fp16, int8 or int4 (weight-only, blockwise); quantized "
+                        "graphs are measured against the float model and gated (see quant_fidelity.json)")
+    p.add_argument("--drafter-quant", default=None, choices=QUANT_RECIPES, help="drafter weights (default: --quant)")
+    p.add_argument("--block-size", type=int, default=32, choices=BLOCK_SIZES, help="int8/int4 block (default 32)")
+    p.add_argument("--accuracy-level", type=int, default=4, choices=range(5), metavar="0-4",
+                   help="ONNX MatMulNBits accuracy level: 4 = int8 activations, fastest on CPU (default 4)")
+    p.add_argument("--no-quality-gate", dest="quality_gate", action="store_false",
+                   help="warn instead of failing when a quantized graph misses its recipe's fidelity gate")
     p.add_argument("--target-revision", help="hub revision of the target")
     p.add_argument("--drafter-revision", help="hub revision of the drafter")
     p.add_argument("--reference-tokens", type=int, default=32, help="new tokens per reference prompt (default 32)")
@@ -48,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = ExportConfig(target=args.target, drafter=args.drafter, out=args.out, backend=args.backend,
                        force=args.force, max_cache_len=args.max_cache_len, quant=args.quant,
+                       drafter_quant=args.drafter_quant, block_size=args.block_size,
+                       accuracy_level=args.accuracy_level, quality_gate=args.quality_gate,
                        target_revision=args.target_revision, drafter_revision=args.drafter_revision,
                        reference_tokens=args.reference_tokens, check=args.check, prefill_len=args.prefill_len,
                        num_draft=args.num_draft)
@@ -59,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         out = export_model(cfg)
     except GraphParityError as e:
-        raise CommandError(str(e)) from e
+        raise CommandError(str(e)) from e  # QualityGateError is a ValueError: also one line
     print(out)
     return 0

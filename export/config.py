@@ -10,7 +10,8 @@ from mtpkit.extras import require
 
 from mtpkit.runtime.roles import BACKENDS
 
-QUANT_RECIPES = ("none",)
+QUANT_RECIPES = ("fp32", "fp16", "int8", "int4")  # "none" is accepted as fp32 (the earlier name)
+BLOCK_SIZES = (32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,11 @@ class ExportConfig:
     backend: tuple[str, ...] = ("onnx",)  # graph formats to write
     force: bool = False  # replace an existing out folder
     max_cache_len: int = 4096  # KV capacity the runtime preallocates (prompt + generated tokens)
-    quant: str = "none"  # quantization recipe name
+    quant: str = "fp32"  # target weights: fp32 | fp16 | int8 | int4 (weight-only, blockwise)
+    drafter_quant: str | None = None  # drafter weights; None: the target's recipe
+    block_size: int = 32  # int8 / int4 block along the input dimension
+    accuracy_level: int = 4  # ONNX MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = unset
+    quality_gate: bool = True  # fail a quantized export whose fidelity figures miss the recipe's gate
     target_revision: str | None = None  # hub revision, for hub ids
     drafter_revision: str | None = None
     reference_tokens: int = 32  # new tokens per reference prompt recorded from transformers
@@ -37,9 +42,7 @@ class ExportConfig:
         for b in backends:
             if b not in BACKENDS:
                 raise ValueError(f"unknown backend {b!r}{_did_you_mean(b, BACKENDS)}; choose from {', '.join(BACKENDS)}")
-        if self.quant not in QUANT_RECIPES:
-            raise ValueError(f"unknown quantization recipe {self.quant!r}{_did_you_mean(self.quant, QUANT_RECIPES)}; "
-                             f"choose from {', '.join(QUANT_RECIPES)}")
+        self._check_quant(backends)
         for b in backends:
             if BACKENDS[b].extra:
                 require(BACKENDS[b].extra, f"--backend {b}")  # before any weights load, not minutes into the export
@@ -57,6 +60,19 @@ class ExportConfig:
             raise ValueError(f"output folder {self.out} already exists; pass --force to replace it or choose another --out")
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"output path {self.out} exists and is not a folder; choose another --out")
+
+
+    def _check_quant(self, backends) -> None:
+        object.__setattr__(self, "quant", "fp32" if self.quant == "none" else self.quant)
+        object.__setattr__(self, "drafter_quant", self.drafter_quant or self.quant)
+        for flag, recipe in (("--quant", self.quant), ("--drafter-quant", self.drafter_quant)):
+            if recipe not in QUANT_RECIPES:
+                raise ValueError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, QUANT_RECIPES)}; "
+                                 f"choose from {', '.join(QUANT_RECIPES)}")
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
+        if self.accuracy_level not in range(5):
+            raise ValueError(f"--accuracy-level must be 0-4, got {self.accuracy_level}")
 
 
 def _did_you_mean(value: str, choices) -> str:

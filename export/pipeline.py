@@ -17,6 +17,7 @@ from mtpkit import __version__
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
 
 from . import backends as backends_pkg
+from . import fidelity
 from . import reference as reference_lib
 from . import verify
 from .backends import ExportJob
@@ -47,7 +48,7 @@ def export_model(cfg: ExportConfig) -> Path:
         backends = {}
         for kind in cfg.backend:  # onnx first: the other backends are checked against it
             log.info("[2/5] exporting %s graphs", kind)
-            backends[kind] = importlib.import_module(f"{backends_pkg.__name__}.{kind}").export(job)
+            backends[kind] = _backend_module(kind).export(job)
         hf_files, tokenizer = _copy_hf_files(target_src.folder, tmp)
         manifest = _manifest(job, target_src, drafter_src, backends, tokenizer, hf_files)
         log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)",
@@ -57,6 +58,10 @@ def export_model(cfg: ExportConfig) -> Path:
         if cfg.check:
             log.info("[4/5] checking every graph against PyTorch")
             _check_graphs(manifest, job, tmp)
+        if {cfg.quant, cfg.drafter_quant} != {"fp32"}:
+            log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",
+                     cfg.quant, cfg.drafter_quant)
+            manifest = _quantize(manifest, job)
         log.info("[5/5] writing %s", cfg.out)
         _replace(tmp, cfg.out)
     except BaseException:
@@ -72,6 +77,24 @@ def _job(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src) -> Export
                      target_folder=target_src.folder, kv_layers=tad.kv_layers(target.config),
                      store=tad.store_layers(target.config),
                      num_draft=cfg.num_draft or int(gen_d.get("num_assistant_tokens") or 4))
+
+
+def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
+    """Quantize each backend's float graphs (checked above) in place, then measure and gate the result."""
+    reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
+    float_figures = {kind: fidelity.runtime_figures(job.folder, reference, backend=kind) for kind in manifest.backends}
+    cfg = job.cfg
+    recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
+    backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level)
+                for kind, backend in manifest.backends.items()}
+    manifest = dataclasses.replace(manifest, backends=backends)
+    manifest.save(job.folder)
+    fidelity.check(manifest, job.target, float_figures, job.cfg.quality_gate)
+    return manifest
+
+
+def _backend_module(kind: str):
+    return importlib.import_module(f"{backends_pkg.__name__}.{kind}")
 
 
 def _check_graphs(manifest: Manifest, job: ExportJob, root: Path) -> None:
@@ -117,7 +140,9 @@ def _manifest(job: ExportJob, target_src: Source, drafter_src: Source, backends:
         kv_cache={"capacity": cfg.max_cache_len, "dtype": "float32", "layout": "BHSD",
                   "layers": [dataclasses.asdict(d) for d in job.kv_layers], "drafter_layers": job.store,
                   "sliding_past": tcfg.sliding_window - 1, "drafter_sliding_visible": tcfg.sliding_window + 1},
-        backends=backends, quantization={"recipe": cfg.quant}, hf_files=hf_files, root=job.folder)
+        backends=backends, hf_files=hf_files, root=job.folder,
+        quantization={"recipe": cfg.quant, "drafter_recipe": cfg.drafter_quant, "block_size": cfg.block_size,
+                      "accuracy_level": cfg.accuracy_level, "kv_cache": "float32"})
 
 
 def _json(path: Path) -> dict:

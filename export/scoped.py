@@ -31,6 +31,24 @@ def patched(owner, name: str, value):
 
 
 @contextlib.contextmanager
+def patched_all(owners, name: str, value):
+    """patched() on several owners at once. Every old value is read before any is set and restored in the same
+    order, because setting one can change another (a composite HF config's setter reaches its sub-configs)."""
+    owners = list(owners)
+    olds = [_own(o, name) for o in owners]
+    for o in owners:
+        setattr(o, name, value)
+    try:
+        yield value
+    finally:
+        for o, old in zip(owners, olds):
+            if old is _MISSING:
+                delattr(o, name)
+            else:
+                setattr(o, name, old)
+
+
+@contextlib.contextmanager
 def logger_level(name: str, level: int):
     """Set one logger's level inside the block (e.g. to hide a library's irrelevant warnings)."""
     logger = logging.getLogger(name)
@@ -48,3 +66,19 @@ def _own(owner, name: str):
     if name in getattr(owner, "__dict__", {}):
         return owner.__dict__[name]
     return getattr(owner, name) if isinstance(getattr(type(owner), name, None), property) else _MISSING
+
+
+@contextlib.contextmanager
+def root_logging_kept():
+    """Undo what a library does to the root logger while imported or run inside the block.
+
+    onnxruntime 1.32's quantization modules call logging.basicConfig(level=INFO) at import, after which every
+    library's INFO lines (one per quantized node, matplotlib's font cache) reach the user's terminal.
+    """
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)

@@ -75,6 +75,7 @@ class GraphFile:
     bytes: int
     backend: str  # onnx | litert
     data_files: dict = field(default_factory=dict)  # external data file -> sha256
+    recipe: str = "fp32"  # quantization recipe of this graph's weights (export/config.py QUANT_RECIPES)
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def test_chat_renders_the_history_with_the_exports_template(model, export_dir):
 
 
 def test_import_mtpkit_loads_no_torch_and_no_runtime():
-    code = ("import sys, mtpkit; from mtpkit.export.config import ExportConfig; assert callable(mtpkit.export); "
+    code = ("import sys, mtpkit; from mtpkit.export.config import ExportConfig; assert callable(mtpkit.export_pair); "
             "print(sorted(n for n in sys.modules if n.split('.')[0] in "
             "('torch', 'transformers', 'onnxruntime', 'numpy', 'tokenizers')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

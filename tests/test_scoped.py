@@ -49,3 +49,40 @@ def test_logger_level_is_restored():
     with logger_level(log.name, logging.ERROR):
         assert log.level == logging.ERROR
     assert log.level == logging.INFO
+
+
+def test_root_logging_is_kept_when_a_library_configures_it():
+    from mtpkit.export.scoped import root_logging_kept
+
+    root = logging.getLogger()
+    before = (root.handlers[:], root.level)
+    with root_logging_kept():
+        logging.basicConfig(level=logging.INFO)  # what onnxruntime 1.32's quantization modules do at import
+    assert (root.handlers, root.level) == before
+
+
+class Composite:
+    """Like a composite HF config: setting the parent's value also sets its sub-config's."""
+
+    def __init__(self):
+        self.sub = Child()
+        self._impl = "parent"
+
+    @property
+    def impl(self):
+        return self._impl
+
+    @impl.setter
+    def impl(self, v):
+        self._impl = v
+        self.sub.impl = v
+
+
+def test_patched_all_reads_every_old_value_before_setting_any():
+    from mtpkit.export.scoped import patched_all
+
+    parent = Composite()
+    parent.sub.impl = "eager"
+    with patched_all([parent, parent.sub], "impl", "lrt"):
+        assert parent.impl == parent.sub.impl == "lrt"
+    assert (parent.impl, parent.sub.impl) == ("parent", "eager")

@@ -25,7 +25,7 @@ from torch import nn
 from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
 
 from ..litert_patches import import_export_hf, litert_workarounds
-from ..scoped import patched
+from ..scoped import patched, patched_all
 from . import ExportJob
 
 log = logging.getLogger("mtpkit")
@@ -71,9 +71,7 @@ class LiteRTDraftStep(nn.Module):
 def _attn_implementation(model: nn.Module, name: str):
     """Switch a loaded HF model's attention function for the export only (the caller's model is restored)."""
     configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
-    with contextlib.ExitStack() as stack:
-        for c in configs:
-            stack.enter_context(patched(c, "_attn_implementation", name))
+    with patched_all(configs, "_attn_implementation", name):
         yield
 
 
@@ -212,6 +210,14 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
     options["prefill"] = names["prefill"]
     options["bundle"] = {"file": bundle, "sections": info["bundle"].get("sections")}
     return Backend("litert", "state", graphs, sigs, options)
+
+
+def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
+             accuracy_level: int = 4) -> Backend:
+    """ai-edge-quantizer recipes on the float .tflite files and the bundle (export/backends/litert_quant.py)."""
+    from .litert_quant import quantize as quantize_litert
+
+    return quantize_litert(folder, backend, recipes, block_size, accuracy_level)
 
 
 def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, *, prefill_len: int,

@@ -11,6 +11,7 @@ stored once. Graphs larger than 2 GB keep the rest of their weights in `<graph>.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 
 from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Signature, TensorSpec, sha256_file
 
-from ..scoped import logger_level
+from ..scoped import logger_level, root_logging_kept
 from . import ExportJob
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,65 @@ def export(job: ExportJob) -> Backend:
     embedding["scale"] = float(embed.embed_scale.to(embed.weight.dtype))
     graphs = {name: _graph_file(job.folder, p) for name, p in (("target", t_path), ("drafter", d_path))}
     return Backend("onnx", "window", graphs, sigs, {"embedding": embedding})
+
+
+def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
+             accuracy_level: int = 4) -> Backend:
+    """Rewrite float graphs in folder in place with a recipe per graph ({"target": "int4", "drafter": "int8"}):
+    weight-only int8 / int4 MatMulNBits, or fp16 with the norms kept in fp32. The tied embedding stays stored
+    once in embeddings.bin (float: MatMulNBits leaves the transposed lm_head use alone). Derived from a float
+    export, so one export serves every recipe."""
+    import onnx
+
+    graphs, options = dict(backend.graphs), dict(backend.options)
+    for name, recipe in recipes.items():
+        if recipe == "fp32" or graphs[name].recipe != "fp32":
+            continue
+        path = folder / graphs[name].file
+        shared_name = _external_initializer(path, EMBEDDINGS_FILE)
+        model = _quantized(onnx.load(str(path)), recipe, block_size, accuracy_level)
+        if shared_name:  # the table's bytes (fp32, or fp16 under fp16) stay shared with the host lookup
+            shared = save_sharing_embedding(model, path, shared_name)
+            options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
+        else:
+            onnx.save_model(model, str(path))
+        graphs[name] = dataclasses.replace(_graph_file(folder, path), recipe=recipe)
+    options["nodes"] = {name: _node_count(folder / g.file) for name, g in graphs.items()}
+    return dataclasses.replace(backend, graphs=graphs, options=options)
+
+
+# fp16 keeps these in fp32: x^2 in Gemma's RMSNorm overflows fp16 once |x| > 256, and the soft-cap / softmax
+# need the range (the residual stream between them stays fp16).
+_FP32_OPS = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Softmax", "Tanh", "Div")
+
+
+def _quantized(model, recipe: str, block_size: int, accuracy_level: int):
+    with root_logging_kept():  # ORT's quantization modules call logging.basicConfig(INFO) when imported
+        from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+        from onnxruntime.transformers import float16
+    if recipe == "fp16":
+        block = list(float16.DEFAULT_OP_BLOCK_LIST) + list(_FP32_OPS)
+        return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block)
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level,
+                                          bits=4 if recipe == "int4" else 8, op_types_to_quantize=("MatMul",))
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    quantizer.process()
+    return quantizer.model.model
+
+
+def _external_initializer(path: Path, location: str) -> str | None:
+    """The initializer stored in the external file `location` (the shared embedding table), if any."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next((t.name for t in model.graph.initializer if any(
+        e.key == "location" and e.value == location for e in t.external_data)), None)
+
+
+def _node_count(path: Path) -> int:
+    import onnx
+
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
 
 
 def signatures(kv_layers, store: dict[str, int], hidden: int, vocab: int) -> dict[str, Signature]:
@@ -152,20 +212,30 @@ def share_embedding(graph_path: Path, table: np.ndarray) -> dict:
     """Move the initializer equal to `table` into EMBEDDINGS_FILE (external data) and describe it.
 
     Returns:
-        the manifest's `embedding` entry (file, offset, shape, dtype); the caller adds the scale.
+        the manifest's `embedding` entry (file, offset, shape, dtype, initializer); the caller adds the scale.
     """
     import onnx
     from onnx import numpy_helper
-    from onnx.external_data_helper import set_external_data
 
-    folder = graph_path.parent
     model = onnx.load(str(graph_path), load_external_data=True)
     matches = [t for t in model.graph.initializer
                if tuple(t.dims) == table.shape and np.array_equal(numpy_helper.to_array(t), table)]
     if len(matches) != 1:
         raise RuntimeError(f"expected one embedding initializer in {graph_path.name}, found {len(matches)}")
-    tensor = matches[0]
-    raw = np.ascontiguousarray(table, dtype=np.float32).tobytes()
+    return save_sharing_embedding(model, graph_path, matches[0].name)
+
+
+def save_sharing_embedding(model, graph_path: Path, initializer: str) -> dict:
+    """Save `model` to graph_path with the named initializer as external data in EMBEDDINGS_FILE, whatever its
+    dtype (fp32, or fp16 after conversion), so the host's drafter-embedding lookup reads the same bytes."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import set_external_data
+
+    folder = graph_path.parent
+    tensor = next(t for t in model.graph.initializer if t.name == initializer)
+    table = numpy_helper.to_array(tensor)
+    raw = np.ascontiguousarray(table).tobytes()
     (folder / EMBEDDINGS_FILE).write_bytes(raw)
     set_external_data(tensor, location=EMBEDDINGS_FILE, offset=0, length=len(raw))
     tensor.ClearField("raw_data")
@@ -175,7 +245,8 @@ def share_embedding(graph_path: Path, table: np.ndarray) -> dict:
         stale.unlink()  # rewritten below when still needed
     onnx.save_model(model, str(graph_path), save_as_external_data=big, all_tensors_to_one_file=True,
                     location=graph_path.name + ".data", size_threshold=1024)
-    return {"file": EMBEDDINGS_FILE, "offset": 0, "shape": list(table.shape), "dtype": "float32"}
+    return {"file": EMBEDDINGS_FILE, "offset": 0, "shape": list(table.shape), "dtype": table.dtype.name,
+            "initializer": initializer}
 
 
 def data_files(graph_path: Path) -> list[Path]:

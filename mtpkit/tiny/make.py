@@ -29,7 +29,10 @@ ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
 }
-SHAPES = ("e2b", "e4b")
+SHAPES = ("e2b", "e4b", "e2b-wide")
+# e2b-wide: E2B's layer widths (hidden 1536, MLP 6144 / 12288 double-wide, 8 heads, head dims 256 / 512, PLE 256)
+# in 3 layers [s, f, f(shared)]: ~0.14 B parameters, so weights rather than per-op overhead decide a call's time.
+WIDE = dict(hidden=1536, intermediate=6144, heads=8, head_dim=256, global_head_dim=512, ple=256, pattern=(1, 1))
 LAYOUTS = ("gemma4", "gemma4_text")
 HEADS = ("centroid", "dense")
 
@@ -56,16 +59,21 @@ class TinySpec:
 
 
 def text_config(*, vocab: int, hidden: int, intermediate: int, window: int, e2b: bool = True, k_eq_v: bool = False,
-                init_std: float = 0.02) -> dict:
+                init_std: float = 0.02, heads: int = 4, head_dim: int = 32, global_head_dim: int = 64, ple: int = 32,
+                pattern: tuple[int, int] | None = None) -> dict:
     """A Gemma 4 text config in the hub's spelling (global_head_dim, explicit layer_types), E2B- or E4B-shaped.
 
+    pattern (sliding layers per block, shared layers): default (4, 5) for E2B and (5, 6) for E4B, two blocks.
     Shared by make-tiny and the trained pair (mtpkit/tiny/training/configs.py)."""
-    pattern = ["sliding_attention"] * (4 if e2b else 5) + ["full_attention"]
+    sliding, shared = pattern or ((4, 5) if e2b else (5, 6))
+    block = ["sliding_attention"] * sliding + ["full_attention"]
+    # one owning block, then the last `shared` layers of a block (transformers wants a full last layer)
+    layer_types = block * 2 if pattern is None else block + block[-shared:]
     return {
         "model_type": "gemma4_text", "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
-        "num_hidden_layers": 2 * len(pattern), "num_attention_heads": 4, "num_key_value_heads": 1 if e2b else 2,
-        "head_dim": 32, "global_head_dim": 64, "sliding_window": window, "layer_types": pattern * 2,
-        "num_kv_shared_layers": 5 if e2b else 6, "hidden_size_per_layer_input": 32,
+        "num_hidden_layers": len(layer_types), "num_attention_heads": heads, "num_key_value_heads": 1 if e2b else 2,
+        "head_dim": head_dim, "global_head_dim": global_head_dim, "sliding_window": window, "layer_types": layer_types,
+        "num_kv_shared_layers": shared, "hidden_size_per_layer_input": ple,
         "vocab_size_per_layer_input": vocab, "use_double_wide_mlp": e2b, "final_logit_softcapping": 30.0,
         "rope_parameters": ROPE, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
         "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "attention_k_eq_v": k_eq_v,
@@ -98,6 +106,8 @@ def assistant_config(target_text: dict, *, hidden: int, intermediate: int, heads
 
 
 def target_text_config(spec: TinySpec) -> dict:
+    if spec.shape == "e2b-wide":
+        return text_config(vocab=VOCAB_SIZE, window=spec.sliding_window, k_eq_v=spec.k_eq_v, init_std=0.02, **WIDE)
     return text_config(vocab=VOCAB_SIZE, hidden=64, intermediate=128, window=spec.sliding_window,
                        e2b=spec.shape == "e2b", k_eq_v=spec.k_eq_v, init_std=spec.init_std)
 

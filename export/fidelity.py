@@ -1,0 +1,136 @@
+"""Fidelity of quantized graphs against the float model, measured at export, with a gate per recipe.
+
+Teacher-forced: the reference prompts followed by transformers' float greedy continuation go through the
+quantized target graph in one call; each continuation position's logits are compared with PyTorch's float
+logits (top-1 agreement, mean KL(float || quantized), max |logit difference|). Free-running: the mtpkit runtime
+on the quantized export decodes greedily (greedy prefix match with transformers) and speculatively (drafter
+acceptance), beside the same runtime figures of the float export measured before quantization.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger("mtpkit")
+
+# Minimum teacher-forced top-1 agreement of the target with float PyTorch, per recipe (the gate's default).
+GATES = {"fp16": 0.99, "int8": 0.95, "int4": 0.85}
+WIDER = {"int4": "int8", "int8": "fp16", "fp16": "fp32"}
+FIDELITY_FILE = "quant_fidelity.json"
+
+
+class QualityGateError(ValueError):
+    """A quantized export missed its recipe's gate; the message names the recipe and the figure."""
+
+
+def teacher_forced(manifest, target, reference: dict) -> dict:
+    """Quantized target graph vs float PyTorch over every reference prompt + float greedy continuation."""
+    import onnxruntime as ort
+
+    backend = manifest.backend("onnx")
+    sig = backend.signatures["prefill"]
+    session = ort.InferenceSession(str(manifest.path(backend.graphs[sig.graph].file)), providers=["CPUExecutionProvider"])
+    agree, kls, max_abs, positions = [], [], 0.0, 0
+    for p in reference["prompts"]:
+        seq, start = p["prompt_ids"] + p["greedy_ids"][:-1], len(p["prompt_ids"]) - 1
+        feeds = {sig.input("input_ids").name: np.asarray([seq], np.int64),
+                 sig.input("input_pos").name: np.asarray([0], np.int64)}
+        for d in manifest.kv_layers:
+            empty = np.zeros((1, d.kv_heads, 0, d.head_dim), np.float32)
+            feeds[sig.input("past_key", d.layer).name] = feeds[sig.input("past_value", d.layer).name] = empty
+        got = session.run([sig.output("logits").name], feeds)[0][0, start:].astype(np.float64)
+        with torch.no_grad():
+            want = target(torch.tensor([seq])).logits[0, start:].double().numpy()
+        agree.append(got.argmax(-1) == want.argmax(-1))
+        kls.append(_kl(want, got))
+        max_abs, positions = max(max_abs, float(np.abs(got - want).max())), positions + len(got)
+    return {"top1_agreement": float(np.concatenate(agree).mean()), "mean_kl": float(np.concatenate(kls).mean()),
+            "max_abs_logit": max_abs, "positions": positions}
+
+
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    log_p = p_logits - np.logaddexp.reduce(p_logits, axis=-1, keepdims=True)
+    log_q = q_logits - np.logaddexp.reduce(q_logits, axis=-1, keepdims=True)
+    return (np.exp(log_p) * (log_p - log_q)).sum(-1)
+
+
+def runtime_figures(folder: Path, reference: dict, num_draft: int = 4, backend: str | None = None) -> dict:
+    """The mtpkit runtime on an export: greedy prefix match with transformers' float greedy, drafter acceptance
+    and tokens per target call (speculative greedy, k = num_draft, clean hand-off)."""
+    from mtpkit.runtime.engine import Engine, GenConfig
+    from mtpkit.runtime.stats import Stats
+
+    engine = Engine(folder, threads=1, backend=backend)
+    num_draft = min(num_draft, engine.max_draft or num_draft)  # a static verify length caps k (LiteRT)
+    prefix, diverged, drafted, accepted, new, calls = [], {}, 0, 0, 0, 0
+    for p in reference["prompts"]:
+        want, n = p["greedy_ids"], len(p["greedy_ids"])
+        plain = [t for t, _ in engine.generate(p["prompt_ids"], GenConfig(max_new_tokens=n, mtp=False))]
+        first = next((i for i, (a, b) in enumerate(zip(plain, want)) if a != b), min(len(plain), n))
+        prefix.append(first / n)
+        if first < n:
+            diverged[p["name"]] = first
+        stats = Stats()
+        list(engine.generate(p["prompt_ids"], GenConfig(max_new_tokens=n, num_assistant_tokens=num_draft), stats))
+        drafted, accepted, new, calls = (drafted + stats.drafted, accepted + stats.accepted,
+                                         new + stats.new_tokens, calls + stats.target_calls)
+    return {"greedy_prefix_match": float(np.mean(prefix)), "greedy_exact_prompts": sum(x == 1.0 for x in prefix),
+            "prompts": len(prefix), "first_divergence": diverged, "acceptance": accepted / drafted if drafted else None,
+            "tokens_per_target_call": new / calls if calls else None}
+
+
+def check(manifest, target, float_figures: dict, gate: bool) -> dict:
+    """Measure the quantized export, write FIDELITY_FILE, and enforce (or, without gate, warn about) the gate.
+
+    float_figures: backend kind -> runtime_figures of the float export, measured before quantizing.
+    """
+    reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
+    recipe = manifest.backend("onnx").graphs["target"].recipe
+    report = {"target_recipe": recipe, "drafter_recipe": manifest.backend("onnx").graphs["drafter"].recipe,
+              "teacher_forced": teacher_forced(manifest, target, reference),
+              "runtime": runtime_figures(manifest.root, reference), "float_runtime": float_figures["onnx"],
+              "gate": {"top1_agreement_min": GATES.get(recipe), "enforced": gate}}
+    report["float_margin_at_divergence"] = _margins(target, reference, report["runtime"]["first_divergence"])
+    for kind in manifest.backends:  # other backends: the same runtime figures, reported beside ONNX's (no gate)
+        if kind != "onnx":
+            report[kind] = {"recipes": {n: g.recipe for n, g in manifest.backend(kind).graphs.items()},
+                            "runtime": runtime_figures(manifest.root, reference, backend=kind),
+                            "float_runtime": float_figures[kind]}
+    manifest.path(FIDELITY_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    tf, rt = report["teacher_forced"], report["runtime"]
+    log.info("  %s target / %s drafter: top-1 agreement %.3f, mean KL %.2e, max|dlogit| %.3f, greedy prefix %.2f, "
+             "acceptance %s (float %s)", recipe, report["drafter_recipe"], tf["top1_agreement"], tf["mean_kl"],
+             tf["max_abs_logit"], rt["greedy_prefix_match"], _pct(rt["acceptance"]),
+             _pct(float_figures["onnx"]["acceptance"]))
+    threshold = GATES.get(recipe)
+    if threshold is not None and tf["top1_agreement"] < threshold:
+        message = (f"{recipe} target: teacher-forced top-1 agreement with the float model is "
+                   f"{tf['top1_agreement']:.3f}, below the {recipe} gate {threshold} ({tf['positions']} positions); "
+                   f"use a wider recipe (--quant {WIDER[recipe]}) or pass --no-quality-gate to export anyway")
+        if gate:
+            raise QualityGateError(message)
+        log.warning("warning: %s", message)
+    return report
+
+
+def _margins(target, reference: dict, diverged: dict) -> dict:
+    """Where greedy output diverges, the float model's top-1 minus top-2 logit there: a small margin means a
+    near-tie that any rounding can flip, not a broken graph."""
+    out = {}
+    for p in reference["prompts"]:
+        if p["name"] in diverged:
+            i = diverged[p["name"]]
+            with torch.no_grad():
+                logits = target(torch.tensor([p["prompt_ids"] + p["greedy_ids"][:i]])).logits[0, -1]
+            top2 = torch.topk(logits, 2).values
+            out[p["name"]] = {"position": i, "margin": float(top2[0] - top2[1])}
+    return out
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"

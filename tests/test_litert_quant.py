@@ -1,0 +1,201 @@
+"""Quantized LiteRT graphs (issue 10): fp16 / int8 / int4 derived from ONE float LiteRT export by
+export.backends.litert.quantize, run by the mtpkit runtime (plain and speculative) and, for int8 / int4, by the
+LiteRT-LM runtime from the rebuilt .litertlm with speculative decoding on."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ai_edge_litert")
+pytest.importorskip("litert_torch")
+
+from mtpkit.export.backends import litert as backend  # noqa: E402
+from mtpkit.export.backends import litert_quant  # noqa: E402
+from mtpkit.runtime.engine import Engine, GenConfig  # noqa: E402
+from mtpkit.runtime.manifest import load_manifest  # noqa: E402
+from mtpkit.runtime.stats import Stats  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.litert]
+VARIANT = "e2b_gemma4_centroid"
+PROMPTS = [[2, 80, 81, 82], [2] + list(range(40, 70))]  # the second crosses the sliding window (8)
+MAX_NEW = 12
+TFLITE = ("target", "embedder", "per_layer_embedder", "drafter")
+# what each side's recipe leaves in each graph: int4 keeps the per-layer-embedding table at 8 bits
+EXPECTED = {"fp16": dict.fromkeys(TFLITE, "fp16"), "int8": dict.fromkeys(TFLITE, "int8"),
+            "int4": {"target": "int4", "embedder": "int4", "per_layer_embedder": "int8", "drafter": "int4"}}
+# embedding tables are nearly all weights: their files shrink about as the bits do (4-bit blocks carry fp16 scales)
+TABLE_RATIO = {"fp16": 0.55, "int8": 0.40, "int4": 0.25}
+
+
+@pytest.fixture(scope="module")
+def float_export(tmp_path_factory, tiny_checkpoints):
+    """The one float LiteRT export every recipe below is derived from."""
+    from mtpkit.export.config import ExportConfig
+    from mtpkit.export.pipeline import export_model
+
+    target, drafter = tiny_checkpoints(VARIANT)
+    out = tmp_path_factory.mktemp("litert_quant") / "float"
+    return export_model(ExportConfig(target=str(target), drafter=str(drafter), out=out, backend="litert",
+                                     reference_tokens=8, max_cache_len=256, prefill_len=16, num_draft=4, check=False))
+
+
+def derive(float_export, folder, recipes: dict, block_size: int = 32):
+    """Copy the float export, quantize its LiteRT graphs, save the manifest and reload it (sha256 re-checked)."""
+    shutil.copytree(float_export, folder)
+    manifest = load_manifest(folder)
+    lite = backend.quantize(folder, manifest.backend("litert"), recipes, block_size)
+    dataclasses.replace(manifest, backends={**manifest.backends, "litert": lite}).save(folder)
+    return load_manifest(folder)
+
+
+@pytest.fixture(scope="module", params=list(EXPECTED))
+def quantized(request, float_export, tmp_path_factory):
+    recipe = request.param
+    folder = tmp_path_factory.mktemp(f"litert_{recipe}") / "export"
+    return recipe, folder, derive(float_export, folder, {"target": recipe, "drafter": recipe})
+
+
+def greedy(folder, ids: list[int], mtp: bool, stats: Stats | None = None, max_new: int = MAX_NEW) -> list[int]:
+    cfg = GenConfig(max_new_tokens=max_new, mtp=mtp, num_assistant_tokens=3)
+    return [t for t, _ in Engine(folder, backend="litert").generate(ids, cfg, stats)]
+
+
+def test_graphs_carry_the_recipe_and_shrink(quantized, float_export):
+    recipe, folder, manifest = quantized
+    lite, float_lite = manifest.backend("litert"), load_manifest(float_export).backend("litert")
+    sizes = {}
+    for name in TFLITE:
+        graph, before = lite.graphs[name], float_lite.graphs[name]
+        assert graph.recipe == EXPECTED[recipe][name]
+        assert graph.bytes == (folder / graph.file).stat().st_size < before.bytes
+        sizes[name] = (before.bytes, graph.bytes)
+    print(recipe, sizes)
+    for table in ("embedder", "per_layer_embedder"):
+        float_bytes, q_bytes = sizes[table]
+        assert q_bytes < TABLE_RATIO[EXPECTED[recipe][table]] * float_bytes, (table, sizes[table])
+    assert lite.graphs["bundle"].recipe == recipe
+    assert lite.graphs["bundle"].bytes < float_lite.graphs["bundle"].bytes
+    assert lite.options["bundle"]["section_recipes"]["tf_lite_mtp_drafter"] == recipe
+    assert {lite.options["quantization"][n]["recipe"] for n in TFLITE} == set(EXPECTED[recipe].values())
+    # weights only: every signature (names, shapes, dtypes, roles; the KV cache float32) is the float one
+    assert lite.signatures == float_lite.signatures
+    assert {t.dtype for t in lite.signatures["decode"].inputs if t.role.startswith("kv_")} == {"float32"}
+
+
+def test_bundle_sections_are_the_quantized_files(quantized):
+    from ai_edge_quantizer.utils import litertlm_utils
+
+    recipe, folder, manifest = quantized
+    lite = manifest.backend("litert")
+    bundle = litertlm_utils.LiteRTLMFile(folder / lite.graphs["bundle"].file)
+    sections = {bundle.get_model_type(i): bytes(bundle.get_section_buffer(i)) for i, s in enumerate(bundle.sections)
+                if s.dataType == litertlm_utils.AnySectionDataType.TFLiteModel}
+    assert set(sections) == set(litert_quant.BUNDLE_SECTIONS.values())
+    for name, section in litert_quant.BUNDLE_SECTIONS.items():
+        assert sections[section] == (folder / lite.graphs[name].file).read_bytes(), section
+
+
+def test_speculative_equals_plain_on_the_quantized_graphs(quantized, float_export):
+    recipe, folder, _ = quantized
+    for ids in PROMPTS:
+        plain = greedy(folder, ids, mtp=False)
+        stats = Stats()
+        assert len(plain) == MAX_NEW
+        assert greedy(folder, ids, mtp=True, stats=stats) == plain
+        assert stats.drafter_calls > 0 and stats.rounds > 0
+        if recipe == "fp16":  # float16 weights keep the tiny model's greedy tokens (logits move by ~1e-2)
+            assert plain == greedy(float_export, ids, mtp=False)
+
+
+def test_quantizing_again_changes_nothing(quantized):
+    recipe, folder, manifest = quantized
+    lite = manifest.backend("litert")
+    before = {n: (folder / g.file).read_bytes() for n, g in lite.graphs.items()}
+    assert backend.quantize(folder, lite, {"target": recipe, "drafter": recipe}) == lite
+    assert {n: (folder / g.file).read_bytes() for n, g in lite.graphs.items()} == before
+
+
+@pytest.mark.parametrize("recipe", ["int8", "int4"])
+def test_litertlm_runs_the_quantized_bundle_with_speculation(recipe, float_export, tmp_path_factory, capfd):
+    import litert_lm
+    from tokenizers import Tokenizer
+
+    folder = tmp_path_factory.mktemp(f"litertlm_{recipe}") / "export"
+    manifest = derive(float_export, folder, {"target": recipe, "drafter": recipe})
+    path = str(folder / manifest.backend("litert").graphs["bundle"].file)
+    assert litert_lm.ModelInfo(path).llm.has_speculative_decoding_support()
+    texts = {}
+    for speculative in (False, True):
+        engine = litert_lm.Engine(path, backend=litert_lm.Backend.CPU(), enable_speculative_decoding=speculative)
+        session = engine.create_session(apply_prompt_template=False, max_output_tokens=MAX_NEW)
+        session.run_prefill(["Hello, world"])
+        texts[speculative] = session.run_decode().texts[0]
+        session.close()
+        engine.close()
+        ran_drafter = "MTP Drafter" in capfd.readouterr().err  # LiteRT-LM logs the drafter's success rate on close
+        assert ran_drafter == speculative, "speculative decoding did not run the quantized drafter section"
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = [2] + tok.encode("Hello, world", add_special_tokens=False).ids  # what LiteRT-LM prefills (bos added)
+    want = greedy(folder, ids, mtp=False, max_new=MAX_NEW + 1)  # mtpkit's runtime on the same quantized .tflite
+    print(recipe, "plain", repr(texts[False]), "speculative", repr(texts[True]))
+    assert texts[False] == tok.decode(want[:MAX_NEW])
+    # LiteRT-LM 0.18.1 may emit one token past max_output_tokens with speculation (it commits whole rounds).
+    assert texts[True] in (texts[False], tok.decode(want))
+
+
+def test_int4_picks_the_block_per_tensor_where_the_width_is_not_a_multiple(float_export, tmp_path_factory):
+    """Block 128 on the tiny pair: the drafter's inputs are 32 and 64 wide, which aeq would refuse ("not divisible
+    by block size 128"); those weights fall back to the largest block that divides them."""
+    folder = tmp_path_factory.mktemp("litert_int4_b128") / "export"
+    manifest = derive(float_export, folder, {"target": "int4", "drafter": "int4"}, block_size=128)
+    detail = manifest.backend("litert").options["quantization"]["drafter"]
+    assert detail["block_size"] == 128
+    fallback = {e["input_dim"]: e["granularity"] for e in detail["per_tensor_blocks"]}
+    assert fallback == {32: "BLOCKWISE_32", 64: "BLOCKWISE_64"}  # the drafter's hidden / backbone widths
+    ids = PROMPTS[1]
+    assert greedy(folder, ids, mtp=True) == greedy(folder, ids, mtp=False)
+
+
+def test_zero_int4_blocks_get_a_positive_scale(tmp_path):
+    """XNNPACK refuses an INT4 weight with a zero scale (the pad row of the tied embedding); the fix keeps the
+    block's values exactly zero."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_quantizer import qtyping, quantizer
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
+    import litert_torch
+    import torch
+
+    linear = torch.nn.Linear(64, 8, bias=False)
+    with torch.no_grad():
+        linear.weight[0] = 0  # an all-zero output channel: two all-zero blocks of 32
+    path = str(tmp_path / "fc.tflite")
+    litert_torch.convert(linear.eval(), (torch.randn(1, 64),)).export(path)
+    qt = quantizer.Quantizer(path)
+    qt.add_dynamic_config(regex=".*", operation_name=qtyping.TFLOperationName.FULLY_CONNECTED, num_bits=4,
+                          granularity=qtyping.QuantGranularity.BLOCKWISE_32)
+    with np.errstate(invalid="ignore"):
+        data = bytearray(qt.quantize(enable_progress_bar=False, enable_progress_report=False).quantized_model)
+    assert litert_quant.nonzero_int4_scales(data) == 2
+    assert litert_quant.nonzero_int4_scales(data) == 0  # nothing left to raise
+    model = tfl.read_model(bytes(data))
+    weight = next(t for t in model.subgraphs[0].tensors if t.type == schema.TensorType.INT4)
+    packed = np.frombuffer(model.buffers[weight.buffer].data, np.uint8)
+    assert not packed[:32].any()  # row 0: 64 int4 values, two per byte
+    interp = Interpreter(model_content=bytes(data))
+    runner = interp.get_signature_runner()
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+    y = next(iter(runner(**{next(iter(runner.get_input_details())): x}).values()))
+    assert y[0, 0] == 0 and np.abs(y[0, 1:] - (x @ linear.weight.detach().numpy().T)[0, 1:]).max() < 0.5
+
+
+def test_litert_accepts_quantized_recipes(tmp_path):
+    from mtpkit.export.config import ExportConfig
+
+    cfg = ExportConfig(target="t", drafter="d", out=tmp_path / "out", backend="litert", quant="int4",
+                       drafter_quant="int8", block_size=64)
+    assert cfg.backend == ("onnx", "litert") and (cfg.quant, cfg.drafter_quant) == ("int4", "int8")

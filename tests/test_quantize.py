@@ -1,0 +1,120 @@
+"""Quantized ONNX recipes: derived from the session's float exports (no re-export per recipe), recorded in the
+manifest, run by the runtime with no flag of its own; a broken recipe fails the export's gate in one line."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import VARIANTS
+
+pytestmark = pytest.mark.slow
+
+
+def _quantized_copy(src, dst, recipe: str):
+    from mtpkit.export.backends import onnx as onnx_backend
+    from mtpkit.runtime.manifest import load_manifest
+
+    shutil.copytree(src, dst)
+    manifest = load_manifest(dst)
+    backend = onnx_backend.quantize(dst, manifest.backend("onnx"), {"target": recipe, "drafter": recipe})
+    dataclasses.replace(manifest, backends={**manifest.backends, "onnx": backend}).save(dst)
+    return load_manifest(dst)  # checks every sha256 again
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("recipe", ["fp16", "int8", "int4"])
+def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe):
+    import onnx
+
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+    src = tiny_exports(name)
+    manifest = _quantized_copy(src, tmp_path / recipe, recipe)
+    onnx_backend = manifest.backend("onnx")
+    assert {g.recipe for g in onnx_backend.graphs.values()} == {recipe}
+    ops = collections.Counter(n.op_type for n in onnx.load(str(manifest.path("target.onnx")),
+                                                            load_external_data=False).graph.node)
+    embedding = onnx_backend.options["embedding"]
+    if recipe == "fp16":
+        assert ops["Cast"] > 0 and embedding["dtype"] == "float16"
+    else:
+        assert ops["MatMulNBits"] > 0 and embedding["dtype"] == "float32"
+    float_bytes = sum((src / f).stat().st_size for f in ("target.onnx", "drafter.onnx", "embeddings.bin"))
+    assert sum(g.bytes for g in onnx_backend.graphs.values()) < float_bytes
+    engine = Engine(manifest.root)
+    for ids in ([2, 80, 81, 82], [2] + list(range(40, 70))):
+        plain = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, mtp=False))]
+        spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))]
+        assert len(plain) == 12 and spec == plain  # lossless on the quantized graphs themselves
+
+
+def test_fp16_embedding_is_read_by_the_host_from_the_same_bytes(tiny_exports, tmp_path):
+    from mtpkit.runtime.backends.onnx import Embeddings
+
+    manifest = _quantized_copy(tiny_exports("e2b_gemma4_centroid"), tmp_path / "fp16", "fp16")
+    e = manifest.backend("onnx").options["embedding"]
+    table = np.fromfile(manifest.path(e["file"]), dtype=np.float16).reshape(e["shape"])
+    lookup = Embeddings(manifest, manifest.backend("onnx"))
+    np.testing.assert_array_equal(lookup(7)[0, 0], table[7].astype(np.float32) * np.float32(e["scale"]))
+
+
+def test_a_broken_recipe_fails_the_gate_in_one_line(tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    from onnx import numpy_helper
+
+    from mtpkit import cli
+    from mtpkit.export.backends import onnx as onnx_backend
+
+    real = onnx_backend._quantized
+
+    def broken(model, recipe, block_size, accuracy_level):  # int4 with every block scale negated and tripled
+        model = real(model, recipe, block_size, accuracy_level)
+        scales = {n.input[2] for n in model.graph.node if n.op_type == "MatMulNBits"}
+        for t in model.graph.initializer:
+            if t.name in scales:
+                t.CopyFrom(numpy_helper.from_array(-3 * numpy_helper.to_array(t), t.name))
+        return model
+
+    monkeypatch.setattr(onnx_backend, "_quantized", broken)
+    target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
+    out = tmp_path / "broken"
+    code = cli.main(["-q", "export", str(target), "--drafter", str(drafter), "--out", str(out), "--quant", "int4",
+                     "--max-cache-len", "128", "--reference-tokens", "8", "--no-check"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "int4 target: teacher-forced top-1 agreement" in err and "--no-quality-gate" in err
+    assert not out.exists() and not list(tmp_path.glob(".broken.partial-*"))  # nothing half-written
+
+
+def test_quant_report_derives_pairs_from_one_float_export_and_tabulates_them(tiny_exports, tmp_path):
+    from mtpkit.export import quant_report
+    from mtpkit.runtime.manifest import load_manifest
+
+    float_dir = tiny_exports("e2b_gemma4_centroid")
+    assert quant_report._derive(float_dir, tmp_path, ("fp32", "fp32"), 32) == float_dir
+    folder = quant_report._derive(float_dir, tmp_path, ("int4", "int8"), 64)
+    graphs = load_manifest(folder).backend("onnx").graphs
+    assert (graphs["target"].recipe, graphs["drafter"].recipe) == ("int4", "int8")
+    row = {"bytes": {"target": 2e6, "drafter": 1e6}, "teacher_forced": {"top1_agreement": 0.9, "mean_kl": 0.01,
+                                                                        "max_abs_logit": 1.0},
+           "runtime": {"greedy_prefix_match": 0.5, "acceptance": 0.25, "tokens_per_target_call": 2.0},
+           "plain_ms_per_token": 2.0, "speculative_ms_per_token": 1.0}
+    rows = [{**row, "target_recipe": "fp32", "drafter_recipe": "fp32"},
+            {**row, "target_recipe": "int4", "drafter_recipe": "int8", "plain_ms_per_token": 0.5}]
+    table = quant_report.markdown({"rows": rows}).splitlines()
+    assert len(table) == 4 and table[3].startswith("| int4 | int8 | 3.00 | 0.900 |") and "| 4.00x |" in table[3]
+    quant_report._plots(rows, tmp_path)
+    assert (tmp_path / "size_vs_top1.png").stat().st_size > 0 and (tmp_path / "acceptance.png").stat().st_size > 0
+
+
+def test_unknown_recipe_names_are_refused_in_one_line():
+    from mtpkit.export.config import ExportConfig
+
+    with pytest.raises(ValueError, match=r"unknown --drafter-quant recipe 'int44' \(did you mean 'int4'\?\)"):
+        ExportConfig(target="t", drafter="d", out="/nonexistent/x", drafter_quant="int44")
+    with pytest.raises(ValueError, match="--block-size must be one of 32, 64, 128"):
+        ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int4", block_size=48)
