@@ -10,6 +10,8 @@ VARIANTS = {
     "e4b_text_dense": dict(shape="e4b", layout="gemma4_text", head="dense"),
     "e2b_text_kv_eq": dict(shape="e2b", layout="gemma4_text", head="centroid", k_eq_v=True),
 }
+# LiteRT exports cost minutes each: these two cover both target layouts and both drafter heads
+LITERT_VARIANTS = ("e2b_gemma4_centroid", "e4b_text_dense")
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +42,25 @@ def tiny_exports(tmp_path_factory, tiny_checkpoints):
         if name not in cache:
             target, drafter = tiny_checkpoints(name)
             cache[name] = mtpkit.export_pair(target, drafter, root / name, reference_tokens=24, max_cache_len=256)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def litert_exports(tmp_path_factory, tiny_checkpoints):
+    """name -> export folder with ONNX and LiteRT graphs (verify length 9, so k in {1,2,4,8} fits; prefill 16),
+    shared by the LiteRT runtime and LiteRT quantization tests."""
+    import mtpkit
+
+    root = tmp_path_factory.mktemp("litert")
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            target, drafter = tiny_checkpoints(name)
+            cache[name] = mtpkit.export_pair(target, drafter, root / name, backend="onnx,litert", reference_tokens=24,
+                                             max_cache_len=256, prefill_len=16, num_draft=8)
         return cache[name]
 
     return get

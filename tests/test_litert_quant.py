@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("litert_torch")
 
+from conftest import LITERT_VARIANTS  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
 from mtpkit.export.backends import litert_quant  # noqa: E402
 from mtpkit.runtime.engine import Engine, GenConfig  # noqa: E402
@@ -20,7 +21,6 @@ from mtpkit.runtime.manifest import load_manifest  # noqa: E402
 from mtpkit.runtime.stats import Stats  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.litert]
-VARIANT = "e2b_gemma4_centroid"
 PROMPTS = [[2, 80, 81, 82], [2] + list(range(40, 70))]  # the second crosses the sliding window (8)
 MAX_NEW = 12
 TFLITE = ("target", "embedder", "per_layer_embedder", "drafter")
@@ -31,16 +31,10 @@ EXPECTED = {"fp16": dict.fromkeys(TFLITE, "fp16"), "int8": dict.fromkeys(TFLITE,
 TABLE_RATIO = {"fp16": 0.55, "int8": 0.40, "int4": 0.25}
 
 
-@pytest.fixture(scope="module")
-def float_export(tmp_path_factory, tiny_checkpoints):
-    """The one float LiteRT export every recipe below is derived from."""
-    from mtpkit.export.config import ExportConfig
-    from mtpkit.export.pipeline import export_model
-
-    target, drafter = tiny_checkpoints(VARIANT)
-    out = tmp_path_factory.mktemp("litert_quant") / "float"
-    return export_model(ExportConfig(target=str(target), drafter=str(drafter), out=out, backend="litert",
-                                     reference_tokens=8, max_cache_len=256, prefill_len=16, num_draft=4, check=False))
+@pytest.fixture(scope="module", params=LITERT_VARIANTS)
+def float_export(request, litert_exports):
+    """The float LiteRT export every recipe below is derived from (shared with test_litert_runtime.py)."""
+    return litert_exports(request.param)
 
 
 def derive(float_export, folder, recipes: dict, block_size: int = 32):
@@ -104,9 +98,9 @@ def test_speculative_equals_plain_on_the_quantized_graphs(quantized, float_expor
     for ids in PROMPTS:
         plain = greedy(folder, ids, mtp=False)
         stats = Stats()
-        assert len(plain) == MAX_NEW
+        assert len(plain) == MAX_NEW or plain[-1] in load_manifest(folder).eos_ids  # a random model may stop early
         assert greedy(folder, ids, mtp=True, stats=stats) == plain
-        assert stats.drafter_calls > 0 and stats.rounds > 0
+        assert stats.drafter_calls > 0 or len(plain) == 1
         if recipe == "fp16":  # float16 weights keep the tiny model's greedy tokens (logits move by ~1e-2)
             assert plain == greedy(float_export, ids, mtp=False)
 

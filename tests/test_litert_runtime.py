@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("litert_torch")
 
+from conftest import LITERT_VARIANTS  # noqa: E402
 from mtpkit.runtime.engine import Engine, GenConfig  # noqa: E402
 from mtpkit.runtime.manifest import load_manifest  # noqa: E402
 from mtpkit.runtime.parity import run_parity  # noqa: E402
@@ -18,17 +19,10 @@ from mtpkit.runtime.parity import run_parity  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.litert]
 
 
-@pytest.fixture(scope="module", params=["e2b_gemma4_centroid", "e4b_text_dense"])
-def both(request, tmp_path_factory, tiny_checkpoints):
-    """One export with ONNX and LiteRT graphs per target layout / drafter head; verify length 9 so k in
-    {1,2,4,8} all fit."""
-    from mtpkit.export.config import ExportConfig
-    from mtpkit.export.pipeline import export_model
-
-    target, drafter = tiny_checkpoints(request.param)
-    out = tmp_path_factory.mktemp("litert") / request.param
-    return export_model(ExportConfig(target=str(target), drafter=str(drafter), out=out, backend="onnx,litert",
-                                     reference_tokens=24, max_cache_len=256, prefill_len=16, num_draft=8))
+@pytest.fixture(scope="module", params=LITERT_VARIANTS)
+def both(request, litert_exports):
+    """One export with ONNX and LiteRT graphs per target layout / drafter head (conftest.litert_exports)."""
+    return litert_exports(request.param)
 
 
 def test_manifest_describes_both_backends(both):
