@@ -130,7 +130,18 @@ class Manifest:
         return list(self.tokens["eos"])
 
     def path(self, name: str) -> Path:
-        return self.root / name
+        """A file the manifest names, refused unless it lies inside the export folder (no absolute paths, no
+        `..`, no symlink that leads out): an export copied from elsewhere must not make the runtime read or load
+        files it was not given."""
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            raise ManifestError(f"manifest.json names {name!r}, which is not a file inside the export folder; "
+                                "refusing to read it (re-export, or fix the manifest)")
+        path = self.root / relative
+        if not path.resolve().is_relative_to(self.root.resolve()):
+            raise ManifestError(f"{path} leads outside the export folder (a symlink to {path.resolve()}); "
+                                "refusing to read it")
+        return path
 
     def to_dict(self) -> dict:
         d = asdict(self)

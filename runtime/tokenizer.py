@@ -40,11 +40,9 @@ class TextCodec:
     def render_chat(self, messages: list[dict]) -> str:
         if self.template is None:
             raise ManifestError("this export has no chat template; drop --chat or re-export from a checkpoint with one")
-        import jinja2
-
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
         bos = self.tokenizer.id_to_token(self.bos) if self.bos is not None else ""
-        return env.from_string(self.template).render(messages=messages, add_generation_prompt=True, bos_token=bos)
+        return chat_environment().from_string(self.template).render(messages=messages, add_generation_prompt=True,
+                                                                    bos_token=bos)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -65,3 +63,37 @@ class StreamDecoder:
             return ""
         delta, self.emitted = text[len(self.emitted):], text
         return delta
+
+
+def chat_environment():
+    """A Jinja environment like transformers 5.24's apply_chat_template: sandboxed and immutable (a template from a
+    hub checkpoint cannot reach Python objects or mutate its inputs), trim/lstrip blocks, loop controls, the
+    `generation` tag, raise_exception, strftime_now and a tojson that does not escape HTML."""
+    import datetime
+    import json
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(jinja2.ext.Extension):  # {% generation %}...{% endgeneration %}: rendered as its body
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env

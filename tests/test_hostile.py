@@ -1,0 +1,63 @@
+"""Hostile inputs (first part of issue 13): a manifest cannot make the runtime read outside its folder, and chat
+templates render sandboxed, as transformers renders them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from mtpkit.runtime.manifest import ManifestError, load_manifest
+
+pytestmark = pytest.mark.slow
+
+
+def _with_target_file(src, dst, name: str):
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["backends"]["onnx"]["graphs"]["target"]["file"] = name
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+@pytest.mark.parametrize("name", ["../outside/target.onnx", "/tmp/target.onnx", "."])
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tiny_exports, tmp_path, name):
+    export = _with_target_file(tiny_exports("e2b_gemma4_centroid"), tmp_path / "export", name)
+    (tmp_path / "outside").mkdir()
+    shutil.copy(export / "target.onnx", tmp_path / "outside" / "target.onnx")  # same bytes, same sha256
+    with pytest.raises(ManifestError, match="not a file inside the export folder"):
+        load_manifest(export)
+
+
+def test_a_symlink_leading_out_of_the_export_is_refused(tiny_exports, tmp_path):
+    export = tmp_path / "export"
+    shutil.copytree(tiny_exports("e2b_gemma4_centroid"), export)
+    (tmp_path / "elsewhere.onnx").write_bytes((export / "target.onnx").read_bytes())
+    (export / "target.onnx").unlink()
+    (export / "target.onnx").symlink_to(tmp_path / "elsewhere.onnx")
+    with pytest.raises(ManifestError, match="leads outside the export folder"):
+        load_manifest(export)
+
+
+def test_chat_templates_render_sandboxed_and_like_transformers(tiny_exports):
+    from jinja2.exceptions import SecurityError, TemplateError
+    from transformers import AutoTokenizer
+
+    from mtpkit.runtime.tokenizer import TextCodec
+
+    export = tiny_exports("e2b_gemma4_centroid")
+    codec = TextCodec(load_manifest(export))
+    hf = AutoTokenizer.from_pretrained(str(export))
+    for messages in ([{"role": "user", "content": "hi"}],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " yes "},
+                      {"role": "user", "content": "again"}]):
+        assert codec.render_chat(messages) == hf.apply_chat_template(messages, tokenize=False,
+                                                                     add_generation_prompt=True)
+    codec = TextCodec(load_manifest(export))
+    codec.template = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(SecurityError):
+        codec.render_chat([{"role": "user", "content": "x"}])
+    codec.template = "{{ raise_exception('no system role') }}"
+    with pytest.raises(TemplateError, match="no system role"):
+        codec.render_chat([{"role": "user", "content": "x"}])
