@@ -23,6 +23,7 @@ from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Signature, Tens
 
 from ..scoped import logger_level, root_logging_kept
 from . import ExportJob
+from .onnx_embedding import quantize_shared_table, save_with_table_external
 
 log = logging.getLogger(__name__)
 EMBEDDINGS_FILE = "embeddings.bin"
@@ -50,9 +51,10 @@ def export(job: ExportJob) -> Backend:
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
              accuracy_level: int = 4) -> Backend:
     """Rewrite float graphs in folder in place with a recipe per graph ({"target": "int4", "drafter": "int8"}):
-    weight-only int8 / int4 MatMulNBits, or fp16 with the norms kept in fp32. The tied embedding stays stored
-    once in embeddings.bin (float: MatMulNBits leaves the transposed lm_head use alone). Derived from a float
-    export, so one export serves every recipe."""
+    weight-only int8 / int4 MatMulNBits, or fp16 with the norms kept in fp32. The tied embedding / lm_head table
+    is quantized once with the same recipe (MatMulNBits + GatherBlockQuantized over the same bytes, see
+    onnx_embedding.py) and stays stored once in embeddings.bin, where the host's drafter lookup reads it too.
+    Derived from a float export, so one export serves every recipe."""
     import onnx
 
     graphs, options = dict(backend.graphs), dict(backend.options)
@@ -62,7 +64,12 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         path = folder / graphs[name].file
         shared_name = _external_initializer(path, EMBEDDINGS_FILE)
         model = _quantized(onnx.load(str(path)), recipe, block_size, accuracy_level)
-        if shared_name:  # the table's bytes (fp32, or fp16 under fp16) stay shared with the host lookup
+        if shared_name and recipe in ("int4", "int8"):  # the tied table quantized once: lm_head, lookup and host
+            model, layout = quantize_shared_table(model, shared_name, bits=int(recipe[3:]), block_size=block_size,
+                                                  accuracy_level=accuracy_level)
+            shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
+            options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
+        elif shared_name:  # the table's bytes (fp32, or fp16 under fp16) stay shared with the host lookup
             shared = save_sharing_embedding(model, path, shared_name)
             options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
         else:

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from ..embedding_table import QuantizedTable
 from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest
 
@@ -98,12 +99,18 @@ class Embeddings:
 
     def __init__(self, manifest: Manifest, backend: Backend):
         e = backend.options["embedding"]
-        self.table = np.memmap(manifest.path(e["file"]), dtype=np.dtype(e["dtype"]), mode="r",
-                               offset=int(e.get("offset", 0)), shape=tuple(e["shape"]))
+        path = manifest.path(e["file"])  # refuses a file outside the export folder
         self.scale = np.float32(e["scale"])
+        if e["dtype"] in ("int4", "int8"):  # blockwise codes + scales, as the graph's GatherBlockQuantized reads them
+            self.table = QuantizedTable(e, path.parent)
+            self._row = self.table.row
+        else:
+            self.table = np.memmap(path, dtype=np.dtype(e["dtype"]), mode="r", offset=int(e.get("offset", 0)),
+                                   shape=tuple(e["shape"]))
+            self._row = self.table.__getitem__
 
     def __call__(self, token: int) -> np.ndarray:
-        return (np.asarray(self.table[token], np.float32) * self.scale).reshape(1, 1, -1)
+        return (np.asarray(self._row(token), np.float32) * self.scale).reshape(1, 1, -1)
 
 
 class Target:

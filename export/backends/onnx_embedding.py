@@ -1,0 +1,311 @@
+"""Quantize the tied embedding / lm_head table once, shared by the graph's two uses and the host lookup.
+
+The target graph reads its tied table W [V, H] twice: `Gather(W, input_ids)` (token embedding) and
+`MatMul(hidden, Transpose(W))` (the lm_head). ORT's MatMulNBitsQuantizer skips that MatMul (its weight is not
+a constant), so W would stay float. `quantize_shared_table` quantizes W blockwise along H (symmetric), stores
+the packed bytes ONCE in com.microsoft MatMulNBits's B layout [V, n_blocks, blob_size] (uint8), and rewires:
+
+* the lm_head -> `MatMulNBits(hidden, B, scales)`            (K=H, N=V, bits, block_size, accuracy_level)
+* the Gather  -> `GatherBlockQuantized(Reshape(B, [V, n_blocks * blob_size]), ids, scales)`
+                 (gather_axis=0, quantize_axis=1, bits, block_size), then a Slice when H % block_size != 0.
+
+Zero-point convention: no zero_points input on either op, so both use their shared uint8 default, the
+MatMulNBits convention that GatherBlockQuantized also follows for uint8 data: 8 for 4 bits, 128 for 8 bits.
+The stored codes are therefore unsigned `q = clip(round(w / scale), -qmax, qmax) + zero_point` with
+`qmax = 7` (4 bits) or `127` (8 bits), and `w ~= (q - zero_point) * scale`; 4-bit codes are packed two per
+byte along H, low nibble first. Scales are [V, n_blocks] in W's float dtype (MatMulNBits needs scales of A's
+type; GatherBlockQuantized outputs the scales' type).
+
+`save_with_table_external` then writes the packed data and the scales (data first, then scales) as external
+data into one file (embeddings.bin) and returns the manifest's `embedding` entry, which
+`runtime/embedding_table.QuantizedTable` reads with numpy only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+MS_DOMAIN = "com.microsoft"
+_TWO_GB = 2 ** 31 - 1
+
+
+def _zero_point(bits: int) -> int:
+    return 1 << (bits - 1)  # 8 for int4, 128 for int8: both ops' default for uint8 data without zero_points
+
+
+def quantize_blockwise(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric blockwise quantization of w [N, K] along K.
+
+    Returns:
+        packed uint8 [N, n_blocks, block_size * bits // 8] (MatMulNBits B layout, K zero-padded to
+        n_blocks * block_size, 4-bit codes low nibble first), scales [N, n_blocks] in w's dtype.
+    """
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    n, k = w.shape
+    n_blocks = -(-k // block_size)
+    padded = np.zeros((n, n_blocks * block_size), np.float32)
+    padded[:, :k] = w.astype(np.float32)
+    blocks = padded.reshape(n, n_blocks, block_size)
+    qmax = (1 << (bits - 1)) - 1
+    amax = np.abs(blocks).max(axis=-1)
+    # the scale is rounded to the stored dtype first, so codes are computed against the scale the ops use
+    scales = (amax / qmax).astype(w.dtype)
+    s = scales.astype(np.float32)[..., None]
+    safe = np.where(s == 0, np.float32(1), s)
+    codes = np.clip(np.rint(blocks / safe), -qmax, qmax).astype(np.int32) + _zero_point(bits)
+    codes = codes.astype(np.uint8)
+    if bits == 4:
+        packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    else:
+        packed = codes
+    return np.ascontiguousarray(packed), np.ascontiguousarray(scales)
+
+
+def dequantize_blockwise(packed: np.ndarray, scales: np.ndarray, bits: int, block_size: int, k: int) -> np.ndarray:
+    """Inverse of quantize_blockwise: float32 [N, k]."""
+    n, n_blocks = scales.shape
+    flat = packed.reshape(n, -1)
+    if bits == 4:
+        codes = np.empty((n, flat.shape[1] * 2), np.int32)
+        codes[:, 0::2] = flat & 0x0F
+        codes[:, 1::2] = flat >> 4
+    else:
+        codes = flat.astype(np.int32)
+    codes = (codes - _zero_point(bits)).reshape(n, n_blocks, block_size).astype(np.float32)
+    return (codes * scales.astype(np.float32)[..., None]).reshape(n, -1)[:, :k]
+
+
+def _consumers(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
+    return [node for node in graph.node if name in node.input]
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _unique(graph: onnx.GraphProto, base: str) -> str:
+    taken = {i.name for i in graph.initializer} | {v for n in graph.node for v in (*n.input, *n.output)} | \
+        {n.name for n in graph.node}
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _find_uses(graph: onnx.GraphProto, initializer: str, w: np.ndarray):
+    """(gathers, lm_heads): Gather nodes reading the table as data, and lm_head uses as (node, kind) where kind is
+    'transpose_matmul' (node is the MatMul fed by Transpose(W)), 'gemm' (Gemm(A, W, transB=1)) or
+    'folded' (MatMul(A, W_T) with W_T an initializer equal to W.T)."""
+    gathers, heads, dead = [], [], []
+    for node in _consumers(graph, initializer):
+        if node.op_type == "Gather" and node.input[0] == initializer and _attr(node, "axis", 0) == 0:
+            gathers.append(node)
+        elif node.op_type == "Transpose" and list(_attr(node, "perm", [1, 0])) == [1, 0]:
+            users = _consumers(graph, node.output[0])
+            if not users or any(u.op_type != "MatMul" or u.input[1] != node.output[0] for u in users):
+                raise RuntimeError(f"Transpose({initializer}) feeds something other than MatMul's B input")
+            heads += [(u, "transpose_matmul") for u in users]
+            dead.append(node)
+        elif node.op_type == "Gemm" and node.input[1] == initializer and _attr(node, "transB", 0) == 1 \
+                and _attr(node, "transA", 0) == 0 and _attr(node, "alpha", 1.0) == 1.0:
+            heads.append((node, "gemm"))
+        else:
+            raise RuntimeError(f"unsupported use of {initializer}: {node.op_type} {node.name!r}")
+    if not heads:  # the transpose may have been folded into a second initializer [H, V]
+        for t in graph.initializer:
+            if tuple(t.dims) == (w.shape[1], w.shape[0]) and t.data_type == numpy_helper.from_array(w[:1]).data_type:
+                if np.array_equal(numpy_helper.to_array(t), w.T):
+                    heads += [(u, "folded") for u in _consumers(graph, t.name)
+                              if u.op_type == "MatMul" and u.input[1] == t.name]
+                    if any(u.op_type != "MatMul" or u.input[1] != t.name for u in _consumers(graph, t.name)):
+                        raise RuntimeError(f"folded transpose {t.name} has uses other than MatMul's B input")
+                    dead.append(t)
+    return gathers, heads, dead
+
+
+def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, block_size: int,
+                          accuracy_level: int, base_dir: str | None = None,
+                          gather_data: str = "uint8") -> tuple[onnx.ModelProto, dict]:
+    """Replace the tied table `initializer` W [V, H] by one block-quantized copy read by both of its uses.
+
+    Args:
+        model: the graph (its external data loaded, or base_dir given to read it).
+        initializer: W's name.
+        bits: 4 or 8. block_size: 16/32/64/128/... (power of two). accuracy_level: MatMulNBits's (0..4).
+        gather_data: "uint8" (default: GatherBlockQuantized reads Reshape(B) as uint8 with its `bits` attribute,
+            ORT >= 1.21) or "uint4" (bits=4 only, for ORT 1.20, whose GatherBlockQuantized has no `bits`
+            attribute and takes only int4/uint4 data: a second initializer typed uint4 [V, n_blocks*block_size]
+            that save_with_table_external points at the SAME bytes of the file, plus explicit uint4
+            zero_points = 8 [V, n_blocks], since 1.20's uint4 default zero point is 0).
+    Returns:
+        (model, layout): the model edited in place, and how the host can dequantize one row:
+        {"initializer_data", "initializer_scales", "bits", "block_size", "shape": [V, H], "n_blocks",
+         "data_shape": [V, n_blocks, blob_size], "scale_dtype", "zero_point", "packing"}.
+    """
+    graph = model.graph
+    tensor = next((t for t in graph.initializer if t.name == initializer), None)
+    if tensor is None:
+        raise KeyError(f"no initializer {initializer!r}")
+    w = numpy_helper.to_array(tensor, base_dir or "")
+    if w.ndim != 2 or w.dtype not in (np.float32, np.float16):
+        raise ValueError(f"{initializer} must be a 2-D float32/float16 table, got {w.dtype} {w.shape}")
+    v, h = w.shape
+    gathers, heads, dead = _find_uses(graph, initializer, w)
+    if not gathers and not heads:
+        raise RuntimeError(f"{initializer} has neither a Gather nor an lm_head use")
+
+    if gather_data not in ("uint8", "uint4") or (gather_data == "uint4" and bits != 4):
+        raise ValueError(f"gather_data {gather_data!r} with bits={bits}: uint8, or uint4 with bits=4")
+    packed, scales = quantize_blockwise(w, bits, block_size)
+    n_blocks, blob = packed.shape[1], packed.shape[2]
+    data_name = _unique(graph, f"{initializer}_q{bits}")
+    scales_name = _unique(graph, f"{initializer}_scales")
+    new_inits = [numpy_helper.from_array(packed, data_name), numpy_helper.from_array(scales, scales_name)]
+    new_nodes: dict[int, list[onnx.NodeProto]] = {}  # index of the replaced node -> its replacement(s)
+    index = {id(n): i for i, n in enumerate(graph.node)}
+
+    for node, kind in heads:
+        a = node.input[0]
+        out = node.output[0]
+        nodes = []
+        mm_out = out if kind != "gemm" or len(node.input) < 3 or not node.input[2] else _unique(graph, out + "_mm")
+        nodes.append(helper.make_node("MatMulNBits", [a, data_name, scales_name], [mm_out],
+                                      name=_unique(graph, (node.name or "lm_head") + "_MatMulNBits"),
+                                      domain=MS_DOMAIN, K=h, N=v, bits=bits, block_size=block_size,
+                                      accuracy_level=accuracy_level))
+        if mm_out != out:  # Gemm's C, times beta
+            c = node.input[2]
+            beta = float(_attr(node, "beta", 1.0))
+            if beta != 1.0:
+                beta_name = _unique(graph, out + "_beta")
+                new_inits.append(numpy_helper.from_array(np.array(beta, w.dtype), beta_name))
+                scaled = _unique(graph, out + "_c")
+                nodes.append(helper.make_node("Mul", [c, beta_name], [scaled]))
+                c = scaled
+            nodes.append(helper.make_node("Add", [mm_out, c], [out]))
+        new_nodes[index[id(node)]] = nodes
+
+    alias = None
+    if gathers and gather_data == "uint4":
+        flat = alias = _unique(graph, f"{initializer}_q_rows_u4")
+        new_inits.append(helper.make_tensor(alias, TensorProto.UINT4, [v, n_blocks * block_size],
+                                            packed.tobytes(), raw=True))
+        zp_name = _unique(graph, f"{initializer}_zero_points_u4")
+        new_inits.append(helper.make_tensor(zp_name, TensorProto.UINT4, [v, n_blocks],
+                                            np.full(-(-v * n_blocks // 2), 0x88, np.uint8).tobytes(), raw=True))
+        reshape, gbq_extra, gbq_attrs = None, [zp_name], {}
+    elif gathers:
+        flat_shape = _unique(graph, f"{initializer}_q_rows_shape")
+        flat = _unique(graph, f"{initializer}_q_rows")
+        new_inits.append(numpy_helper.from_array(np.array([v, n_blocks * blob], np.int64), flat_shape))
+        reshape = helper.make_node("Reshape", [data_name, flat_shape], [flat], name=_unique(graph, flat + "_Reshape"))
+        gbq_extra, gbq_attrs = [], {"bits": bits}
+    if gathers:
+        first = True
+        for node in gathers:
+            out = node.output[0]
+            padded = n_blocks * block_size != h
+            gbq_out = _unique(graph, out + "_padded") if padded else out
+            nodes = [reshape] if first and reshape is not None else []
+            first = False
+            nodes.append(helper.make_node("GatherBlockQuantized", [flat, node.input[1], scales_name, *gbq_extra],
+                                          [gbq_out],
+                                          name=_unique(graph, (node.name or "embed") + "_GatherBlockQuantized"),
+                                          domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
+                                          block_size=block_size, **gbq_attrs))
+            if padded:  # K was zero-padded to whole blocks: drop the pad columns
+                names = [_unique(graph, out + s) for s in ("_starts", "_ends", "_axes")]
+                for nm, val in zip(names, (0, h, -1)):
+                    new_inits.append(numpy_helper.from_array(np.array([val], np.int64), nm))
+                nodes.append(helper.make_node("Slice", [gbq_out, *names], [out]))
+            new_nodes[index[id(node)]] = nodes
+
+    rebuilt = []
+    dead_nodes = {id(n) for n in dead if isinstance(n, onnx.NodeProto)}
+    for i, node in enumerate(graph.node):
+        if i in new_nodes:
+            rebuilt += new_nodes[i]
+        elif id(node) not in dead_nodes:
+            rebuilt.append(node)
+    del graph.node[:]
+    graph.node.extend(rebuilt)
+
+    dead_inits = {initializer} | {t.name for t in dead if isinstance(t, onnx.TensorProto)}
+    kept = [t for t in graph.initializer if t.name not in dead_inits]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + new_inits)
+    for vi in list(graph.value_info):  # stale shape info of removed intermediates (Transpose output)
+        if not any(vi.name in n.input or vi.name in n.output for n in graph.node):
+            graph.value_info.remove(vi)
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+
+    layout = {"initializer_data": data_name, "initializer_scales": scales_name, "initializer_alias": alias,
+              "bits": bits,
+              "block_size": block_size, "shape": [v, h], "n_blocks": n_blocks,
+              "data_shape": [v, n_blocks, blob], "scale_dtype": scales.dtype.name,
+              "zero_point": _zero_point(bits), "packing": _packing(bits)}
+    return model, layout
+
+
+def _packing(bits: int) -> str:
+    return ("uint4 codes, 2 per byte along H, low nibble first; rows padded to whole blocks" if bits == 4
+            else "uint8 codes, 1 per byte along H; rows padded to whole blocks")
+
+
+def save_with_table_external(model: onnx.ModelProto, path, layout: dict, file: str = "embeddings.bin") -> dict:
+    """Save `model` to path with the packed table and its scales as external data in one file `file` next to it
+    (data at offset 0, then scales right after), other tensors inline (or in <graph>.data when over 2 GB).
+
+    Returns:
+        the manifest's `embedding` entry: {"file", "dtype": "int4"|"int8", "shape": [V, H], "block_size", "bits",
+        "data": {"offset", "length", "shape"}, "scales": {"offset", "length", "dtype", "shape"}, "zero_point",
+        "packing", "initializer", "scales_initializer"}; the caller adds the embedding "scale" if it has one.
+    """
+    from onnx.external_data_helper import set_external_data
+
+    path = Path(path)
+    folder = path.parent
+    by_name = {t.name: t for t in model.graph.initializer}
+    data_t, scales_t = by_name[layout["initializer_data"]], by_name[layout["initializer_scales"]]
+    data = numpy_helper.to_array(data_t, str(folder))
+    scales = numpy_helper.to_array(scales_t, str(folder))
+    raw_data, raw_scales = np.ascontiguousarray(data).tobytes(), np.ascontiguousarray(scales).tobytes()
+    with open(folder / file, "wb") as f:
+        f.write(raw_data)
+        f.write(raw_scales)
+    placed = [(data_t, 0, raw_data), (scales_t, len(raw_data), raw_scales)]
+    if layout.get("initializer_alias"):  # the uint4-typed view of the same packed bytes (gather_data="uint4")
+        placed.append((by_name[layout["initializer_alias"]], 0, raw_data))
+    for t, offset, raw in placed:
+        del t.external_data[:]
+        for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+            t.ClearField(field)
+        t.raw_data = raw  # set_external_data wants raw_data present; cleared right after
+        set_external_data(t, location=file, offset=offset, length=len(raw))
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+    big = sum(t.ByteSize() for t in model.graph.initializer) > _TWO_GB
+    for stale in folder.glob(path.name + ".data"):
+        stale.unlink()
+    onnx.save_model(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+    bits = layout["bits"]
+    return {"file": file, "dtype": f"int{bits}", "shape": list(layout["shape"]),
+            "block_size": layout["block_size"], "bits": bits,
+            "data": {"offset": 0, "length": len(raw_data), "shape": list(data.shape)},
+            "scales": {"offset": len(raw_data), "length": len(raw_scales), "dtype": scales.dtype.name,
+                       "shape": list(scales.shape)},
+            "zero_point": layout["zero_point"], "packing": layout["packing"],
+            "initializer": layout["initializer_data"], "scales_initializer": layout["initializer_scales"],
+            "alias_initializer": layout.get("initializer_alias")}

@@ -1,0 +1,138 @@
+"""The tied embedding / lm_head table quantized once (MatMulNBits + GatherBlockQuantized on the same bytes), and
+the host-side QuantizedTable row lookup: synthetic graphs only, no model export."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from mtpkit.export.backends.onnx_embedding import quantize_shared_table, save_with_table_external  # noqa: E402
+from mtpkit.runtime.embedding_table import QuantizedTable  # noqa: E402
+
+T = 5
+
+
+def _tied_graph(w: np.ndarray, form: str = "transpose") -> onnx.ModelProto:
+    v, h = w.shape
+    inits = [numpy_helper.from_array(w, "embed_weight")]
+    nodes = [helper.make_node("Gather", ["embed_weight", "input_ids"], ["embeds"], name="embed", axis=0)]
+    if form == "transpose":
+        nodes += [helper.make_node("Transpose", ["embed_weight"], ["w_t"], perm=[1, 0]),
+                  helper.make_node("MatMul", ["hidden", "w_t"], ["logits"], name="lm_head")]
+    elif form == "gemm":  # Gemm wants 2-D A: flatten [1, T, H] -> [T, H] and back
+        inits.append(numpy_helper.from_array(np.array([-1, h], np.int64), "flat"))
+        inits.append(numpy_helper.from_array(np.array([1, -1, v], np.int64), "unflat"))
+        nodes += [helper.make_node("Reshape", ["hidden", "flat"], ["hidden2d"]),
+                  helper.make_node("Gemm", ["hidden2d", "embed_weight"], ["logits2d"], transB=1),
+                  helper.make_node("Reshape", ["logits2d", "unflat"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, "tied",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "T"]),
+         helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, "T", h])],
+        [helper.make_tensor_value_info("embeds", TensorProto.FLOAT, [1, "T", h]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "T", v])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+CASES = [(4, 32, 64), (4, 64, 64), (8, 32, 64), (8, 64, 64),
+         (4, 32, 96), (8, 32, 96),  # 3 blocks per row
+         (4, 64, 96), (8, 64, 96)]  # H not a multiple of the block: padded block + Slice
+
+
+def _run(path, ids, hidden):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(["embeds", "logits"], {"input_ids": ids, "hidden": hidden})
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+@pytest.mark.parametrize("bits,block_size,h", CASES)
+def test_shared_table(tmp_path, bits, block_size, h, accuracy_level):
+    rng = np.random.default_rng(bits * 1000 + block_size + h)
+    v = 64
+    w = rng.standard_normal((v, h)).astype(np.float32)
+    w[3, :block_size] = 0  # an all-zero block: scale 0 must still dequantize to 0
+    model, layout = quantize_shared_table(_tied_graph(w), "embed_weight", bits, block_size, accuracy_level)
+    assert layout["zero_point"] == (8 if bits == 4 else 128)
+    entry = save_with_table_external(model, tmp_path / "target.onnx", layout)
+
+    # (a) W is gone, one copy of the packed data on disk
+    saved = onnx.load(str(tmp_path / "target.onnx"), load_external_data=False)
+    assert not [t for t in saved.graph.initializer if list(t.dims) == [v, h] and t.data_type == TensorProto.FLOAT]
+    assert {n.op_type for n in saved.graph.node} >= {"MatMulNBits", "GatherBlockQuantized"}
+    assert "Transpose" not in {n.op_type for n in saved.graph.node}
+    n_blocks = -(-h // block_size)
+    data_len = v * n_blocks * block_size * bits // 8
+    assert entry["data"]["length"] == data_len and entry["scales"]["length"] == v * n_blocks * 4
+    assert (tmp_path / "embeddings.bin").stat().st_size == data_len + entry["scales"]["length"]
+    external = [t.name for t in saved.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    assert sorted(external) == sorted([layout["initializer_data"], layout["initializer_scales"]])
+    assert entry["dtype"] == f"int{bits}" and entry["shape"] == [v, h]
+
+    table = QuantizedTable(entry, tmp_path)
+    ids = np.array([list(range(v)) + [3, 0, v - 1]], np.int64)  # every id, plus repeats
+    hidden = rng.standard_normal((1, ids.shape[1], h)).astype(np.float32)
+    embeds, logits = _run(tmp_path / "target.onnx", ids, hidden)
+
+    # (b) the graph's Gather and the host lookup read the same bytes the same way
+    assert embeds.shape == (1, ids.shape[1], h)
+    host = table.rows(ids[0])
+    np.testing.assert_allclose(embeds[0], host, rtol=0, atol=1e-6)
+
+    # (c) the lm_head multiplies by the same dequantized table
+    deq = table.dense()
+    ref = hidden[0].astype(np.float64) @ deq.T.astype(np.float64)
+    if accuracy_level == 0:
+        np.testing.assert_allclose(logits[0], ref, rtol=1e-4, atol=1e-4 * np.sqrt(h))
+    else:  # accuracy_level 4 quantizes the activations to int8 per block
+        err = np.abs(logits[0] - ref).max()
+        assert err <= 0.05 * np.abs(ref).max(), err
+
+    # (d) the dequantized table is within half a step of W, per block
+    scales = np.asarray(table.scales, np.float32)
+    bound = np.repeat(scales, block_size, axis=1)[:, :h] / 2
+    assert np.all(np.abs(deq - w) <= bound * (1 + 1e-5) + 1e-7)
+    assert np.all(deq[3, :block_size] == 0)
+
+
+def test_gemm_form(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    model, layout = quantize_shared_table(_tied_graph(w, "gemm"), "embed_weight", 4, 32, 0)
+    entry = save_with_table_external(model, tmp_path / "target.onnx", layout)
+    ids = np.array([[1, 2, 63]], np.int64)
+    hidden = rng.standard_normal((1, 3, 64)).astype(np.float32)
+    embeds, logits = _run(tmp_path / "target.onnx", ids, hidden)
+    table = QuantizedTable(entry, tmp_path)
+    np.testing.assert_allclose(embeds[0], table.rows(ids[0]), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(logits[0], hidden[0] @ table.dense().T, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("block_size,h", [(32, 64), (32, 96), (64, 96)])
+def test_uint4_alias_for_ort_1_20(tmp_path, block_size, h):
+    """gather_data="uint4": GatherBlockQuantized reads a uint4-typed initializer stored at the same file bytes."""
+    rng = np.random.default_rng(h + block_size)
+    w = rng.standard_normal((64, h)).astype(np.float32)
+    model, layout = quantize_shared_table(_tied_graph(w), "embed_weight", 4, block_size, 0, gather_data="uint4")
+    entry = save_with_table_external(model, tmp_path / "target.onnx", layout)
+    saved = onnx.load(str(tmp_path / "target.onnx"), load_external_data=False)
+    spans = {t.name: {e.key: e.value for e in t.external_data} for t in saved.graph.initializer
+             if t.data_location == TensorProto.EXTERNAL}
+    assert spans[layout["initializer_alias"]] == spans[layout["initializer_data"]]
+    assert (tmp_path / "embeddings.bin").stat().st_size == entry["data"]["length"] + entry["scales"]["length"]
+    ids = np.array([list(range(64))], np.int64)
+    hidden = rng.standard_normal((1, 64, h)).astype(np.float32)
+    embeds, logits = _run(tmp_path / "target.onnx", ids, hidden)
+    table = QuantizedTable(entry, tmp_path)
+    np.testing.assert_allclose(embeds[0], table.dense(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(logits[0], hidden[0] @ table.dense().T, rtol=1e-4, atol=1e-3)
