@@ -67,6 +67,10 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         if shared_name and recipe in ("int4", "int8"):  # the tied table quantized once: lm_head, lookup and host
             model, layout = quantize_shared_table(model, shared_name, bits=int(recipe[3:]), block_size=block_size,
                                                   accuracy_level=accuracy_level)
+            for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits under int4 and int8
+                model, _ = quantize_shared_table(model, table, bits=8, block_size=block_size,
+                                                 accuracy_level=accuracy_level)
+                options["lookup_tables"] = {**options.get("lookup_tables", {}), table: "int8"}
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
             options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
         elif shared_name:  # the table's bytes (fp32, or fp16 under fp16) stay shared with the host lookup
@@ -96,6 +100,23 @@ def _quantized(model, recipe: str, block_size: int, accuracy_level: int):
     quantizer = MatMulNBitsQuantizer(model, algo_config=config)
     quantizer.process()
     return quantizer.model.model
+
+
+def _lookup_tables(model, exclude: str) -> list[str]:
+    """2-D float initializers read only by Gather (the per-layer-embedding table), other than `exclude`.
+
+    A 4-bit PLE table produced garbage in other Gemma 4 toolchains, so these keep 8 bits under both int recipes.
+    """
+    import onnx
+
+    floats = {t.name for t in model.graph.initializer
+              if len(t.dims) == 2 and t.data_type == onnx.TensorProto.FLOAT and t.name != exclude}
+    readers: dict[str, set] = {}
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name in floats:
+                readers.setdefault(name, set()).add((node.op_type, i))
+    return sorted(name for name, uses in readers.items() if uses == {("Gather", 0)})
 
 
 def _external_initializer(path: Path, location: str) -> str | None:
