@@ -63,7 +63,7 @@ def runtime_figures(folder: Path, reference: dict, num_draft: int = 4, backend: 
     """The mtpkit runtime on an export: greedy prefix match with transformers' float greedy, drafter acceptance
     and tokens per target call (speculative greedy, k = num_draft, clean hand-off)."""
     from mtpkit.runtime.engine import Engine, GenConfig
-    from mtpkit.runtime.stats import Stats
+    from mtpkit.runtime.bench import run_once
 
     engine = Engine(folder, threads=1, backend=backend)
     num_draft = min(num_draft, engine.max_draft or num_draft)  # a static verify length caps k (LiteRT)
@@ -75,8 +75,7 @@ def runtime_figures(folder: Path, reference: dict, num_draft: int = 4, backend: 
         prefix.append(first / n)
         if first < n:
             diverged[p["name"]] = first
-        stats = Stats()
-        list(engine.generate(p["prompt_ids"], GenConfig(max_new_tokens=n, num_assistant_tokens=num_draft), stats))
+        stats = run_once(engine, p["prompt_ids"], GenConfig(max_new_tokens=n, num_assistant_tokens=num_draft))
         drafted, accepted, new, calls = (drafted + stats.drafted, accepted + stats.accepted,
                                          new + stats.new_tokens, calls + stats.target_calls)
     return {"greedy_prefix_match": float(np.mean(prefix)), "greedy_exact_prompts": sum(x == 1.0 for x in prefix),

@@ -64,3 +64,22 @@ def litert_exports(tmp_path_factory, tiny_checkpoints):
         return cache[name]
 
     return get
+
+
+def litertlm_texts(path: str, max_new: int, capfd) -> dict[bool, str]:
+    """Greedy text from LiteRT-LM for the prompt "Hello, world" with speculation off (False) and on (True);
+    asserts the drafter section ran exactly when speculation was on (LiteRT-LM logs its success rate on close)."""
+    import litert_lm
+
+    assert litert_lm.ModelInfo(path).llm.has_speculative_decoding_support()
+    texts = {}
+    for speculative in (False, True):
+        engine = litert_lm.Engine(path, backend=litert_lm.Backend.CPU(), enable_speculative_decoding=speculative)
+        session = engine.create_session(apply_prompt_template=False, max_output_tokens=max_new)
+        session.run_prefill(["Hello, world"])
+        texts[speculative] = session.run_decode().texts[0]
+        session.close()
+        engine.close()
+        ran_drafter = "MTP Drafter" in capfd.readouterr().err
+        assert ran_drafter == speculative, "speculative decoding did not run the drafter section"
+    return texts

@@ -405,22 +405,12 @@ def test_speculative_loop_equals_hf_greedy(exported, drafts):
 
 
 def test_litertlm_speculative_equals_plain_and_hf(exported, capfd):
-    import litert_lm
     from tokenizers import Tokenizer
 
-    path = str(exported["out"] / "model.litertlm")
-    assert litert_lm.ModelInfo(path).llm.has_speculative_decoding_support()
+    from conftest import litertlm_texts
+
     max_new = 12
-    texts = {}
-    for speculative in (False, True):
-        engine = litert_lm.Engine(path, backend=litert_lm.Backend.CPU(), enable_speculative_decoding=speculative)
-        session = engine.create_session(apply_prompt_template=False, max_output_tokens=max_new)
-        session.run_prefill(["Hello, world"])
-        texts[speculative] = session.run_decode().texts[0]
-        session.close()
-        engine.close()
-        ran_drafter = "MTP Drafter" in capfd.readouterr().err  # LiteRT-LM logs the drafter's success rate on close
-        assert ran_drafter == speculative, "speculative decoding did not run our drafter section"
+    texts = litertlm_texts(str(exported["out"] / "model.litertlm"), max_new, capfd)
     tok = Tokenizer.from_file(str(exported["target_dir"] / "tokenizer.json"))
     want_ids = _hf_greedy(exported["target"], _prompt(exported["target_dir"]), max_new + 1)
     print("plain", repr(texts[False]), "speculative", repr(texts[True]))

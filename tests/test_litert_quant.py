@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("litert_torch")
 
-from conftest import LITERT_VARIANTS  # noqa: E402
+from conftest import LITERT_VARIANTS, litertlm_texts  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
 from mtpkit.export.backends import litert_quant  # noqa: E402
 from mtpkit.runtime.engine import Engine, GenConfig  # noqa: E402
@@ -115,23 +115,12 @@ def test_quantizing_again_changes_nothing(quantized):
 
 @pytest.mark.parametrize("recipe", ["int8", "int4"])
 def test_litertlm_runs_the_quantized_bundle_with_speculation(recipe, float_export, tmp_path_factory, capfd):
-    import litert_lm
     from tokenizers import Tokenizer
 
     folder = tmp_path_factory.mktemp(f"litertlm_{recipe}") / "export"
     manifest = derive(float_export, folder, {"target": recipe, "drafter": recipe})
     path = str(folder / manifest.backend("litert").graphs["bundle"].file)
-    assert litert_lm.ModelInfo(path).llm.has_speculative_decoding_support()
-    texts = {}
-    for speculative in (False, True):
-        engine = litert_lm.Engine(path, backend=litert_lm.Backend.CPU(), enable_speculative_decoding=speculative)
-        session = engine.create_session(apply_prompt_template=False, max_output_tokens=MAX_NEW)
-        session.run_prefill(["Hello, world"])
-        texts[speculative] = session.run_decode().texts[0]
-        session.close()
-        engine.close()
-        ran_drafter = "MTP Drafter" in capfd.readouterr().err  # LiteRT-LM logs the drafter's success rate on close
-        assert ran_drafter == speculative, "speculative decoding did not run the quantized drafter section"
+    texts = litertlm_texts(path, MAX_NEW, capfd)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = [2] + tok.encode("Hello, world", add_special_tokens=False).ids  # what LiteRT-LM prefills (bos added)
     want = greedy(folder, ids, mtp=False, max_new=MAX_NEW + 1)  # mtpkit's runtime on the same quantized .tflite
