@@ -6,6 +6,7 @@ import com.sun.jna.NativeLibrary
 import com.sun.jna.Pointer
 import com.sun.jna.ptr.LongByReference
 import com.sun.jna.ptr.PointerByReference
+import java.lang.ref.Reference
 import com.sun.jna.Function as JnaFunction
 
 /**
@@ -57,7 +58,7 @@ class OrtApi(libraryPath: String, apiVersion: Int = 22) {
     private fun out(slot: Int, vararg args: Any?): Pointer {
         val ref = PointerByReference()
         call(slot, *args, ref)
-        return ref.value
+        return ref.value.also { Reference.reachabilityFence(ref) } // JNA's cleaner must not free it mid-read
     }
 
     fun createEnv(): Pointer = out(Slot.CREATE_ENV, 3 /* ORT_LOGGING_LEVEL_ERROR */, "mtpkit")
@@ -79,22 +80,31 @@ class OrtApi(libraryPath: String, apiVersion: Int = 22) {
     /** Wraps host memory as a tensor; [data] must stay reachable until the value is released. */
     fun createTensor(memoryInfo: Pointer, data: Memory, bytes: Long, shape: LongArray, elementType: Int): Pointer {
         val dims = Memory(maxOf(1, shape.size) * 8L).also { m -> shape.forEachIndexed { i, d -> m.setLong(i * 8L, d) } }
-        return out(Slot.CREATE_TENSOR_WITH_DATA, memoryInfo, data, bytes, dims, shape.size.toLong(), elementType)
+        try {
+            return out(Slot.CREATE_TENSOR_WITH_DATA, memoryInfo, data, bytes, dims, shape.size.toLong(), elementType)
+        } finally {
+            dims.close() // ORT copies the shape
+        }
     }
 
     fun run(session: Pointer, inputNames: Array<String>, inputs: Array<Pointer>, outputNames: Array<String>): Array<Pointer> {
         val outputs = Memory(outputNames.size * Native.POINTER_SIZE.toLong()).also { it.clear() }
-        call(Slot.RUN, session, null, inputNames, inputs, inputs.size.toLong(), outputNames, outputNames.size.toLong(), outputs)
-        return Array(outputNames.size) { outputs.getPointer(it.toLong() * Native.POINTER_SIZE) }
+        try {
+            call(Slot.RUN, session, null, inputNames, inputs, inputs.size.toLong(), outputNames, outputNames.size.toLong(), outputs)
+            return Array(outputNames.size) { outputs.getPointer(it.toLong() * Native.POINTER_SIZE) }
+        } finally {
+            outputs.close()
+        }
     }
 
     fun shape(value: Pointer): LongArray {
         val info = out(Slot.GET_TENSOR_TYPE_AND_SHAPE, value)
         try {
             val count = LongByReference().also { call(Slot.GET_DIMENSIONS_COUNT, info, it) }.value.toInt()
-            val dims = Memory(maxOf(1, count) * 8L)
-            call(Slot.GET_DIMENSIONS, info, dims, count.toLong())
-            return LongArray(count) { dims.getLong(it * 8L) }
+            Memory(maxOf(1, count) * 8L).use { dims ->
+                call(Slot.GET_DIMENSIONS, info, dims, count.toLong())
+                return LongArray(count) { dims.getLong(it * 8L) }
+            }
         } finally {
             fn(Slot.RELEASE_TENSOR_TYPE_AND_SHAPE_INFO).invokeVoid(arrayOf<Any?>(info))
         }

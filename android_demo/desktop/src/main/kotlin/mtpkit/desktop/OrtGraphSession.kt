@@ -23,21 +23,26 @@ class OrtGraphSession(manifest: ModelManifest, libraryPath: String, threads: Int
 
     override fun run(graph: String, inputs: Map<String, Tensor>, outputs: List<String>): List<Tensor> {
         val session = sessions[graph] ?: error("no ONNX graph '$graph' in the manifest")
-        val buffers = ArrayList<Memory>() // keeps input data reachable until Run returns
-        val values = inputs.values.map { t -> toOrt(t).also { buffers.add(it.second) }.first }
+        // ORT reads the input bytes in place, so they must outlive Run: a local list that is never read again is
+        // dead to the JIT and JNA's cleaner frees it mid-Run (seen as wrong tokens under GC pressure, and a SIGSEGV
+        // in CI). Closing them in `finally` both keeps them alive and frees them at a known point.
+        val buffers = ArrayList<Memory>()
+        val values = ArrayList<Pointer>()
         try {
+            for (t in inputs.values) toOrt(t, buffers).also { values.add(it) }
             val results = ort.run(session, inputs.keys.toTypedArray(), values.toTypedArray(), outputs.toTypedArray())
-            return results.map { v -> fromOrt(v).also { ort.releaseValue(v) } }
+            return results.map { v -> try { fromOrt(v) } finally { ort.releaseValue(v) } }
         } finally {
             values.forEach { ort.releaseValue(it) }
+            buffers.forEach { it.close() }
         }
     }
 
-    private fun toOrt(t: Tensor): Pair<Pointer, Memory> {
+    private fun toOrt(t: Tensor, buffers: MutableList<Memory>): Pointer {
         val (bytes, type) = if (t.floats != null) t.floats!!.size * 4L to 1 /* FLOAT */ else t.longs!!.size * 8L to 7 /* INT64 */
-        val data = Memory(maxOf(1L, bytes)) // JNA refuses 0-byte blocks; an empty past window still needs a pointer
+        val data = Memory(maxOf(1L, bytes)).also { buffers.add(it) } // JNA refuses 0-byte blocks; an empty window still needs one
         if (t.floats != null) data.write(0, t.floats!!, 0, t.floats!!.size) else data.write(0, t.longs!!, 0, t.longs!!.size)
-        return ort.createTensor(memoryInfo, data, bytes, t.shape, type) to data
+        return ort.createTensor(memoryInfo, data, bytes, t.shape, type)
     }
 
     /** Every output of the exported graphs is float32 (logits, activations, K/V). */
