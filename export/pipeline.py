@@ -24,6 +24,7 @@ from .backends import ExportJob
 from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve
 from .config import ExportConfig
 from .models import drafter_adapter, target_adapter
+from .scoped import import_quietly
 
 log = logging.getLogger("mtpkit")
 
@@ -35,6 +36,7 @@ def export_model(cfg: ExportConfig) -> Path:
         the export folder, holding manifest.json, the graphs, tokenizer, HF config and reference files.
     """
     started = time.time()
+    import_quietly()
     target_src, drafter_src = resolve(cfg.target, "target", cfg.target_revision), resolve(
         cfg.drafter, "drafter", cfg.drafter_revision)
     tad, dad = target_adapter(target_src), drafter_adapter(drafter_src)

@@ -1,6 +1,6 @@
 """`mtpkit quant-report`: every recipe pair derived from one float export, measured against the float model.
 
-The matrix is target recipe x drafter recipe (ONNX). For each pair: file size, teacher-forced fidelity of the
+The matrix is backend x target recipe x drafter recipe. For each row: file size, teacher-forced fidelity of the
 target (top-1 agreement, mean KL, max logit error), greedy prefix match and drafter acceptance in the runtime,
 tokens per target call, and decode ms/token plain and speculative. Speeds come from one run, interleaved across
 recipes, so their ratios compare; absolute times are this machine's.
@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("target", help="target checkpoint: local folder or hub id")
     p.add_argument("--drafter", required=True, help="drafter checkpoint: local folder or hub id")
     p.add_argument("--out", required=True, type=Path, help="report folder to create")
+    p.add_argument("--backend", default="onnx", help="onnx, litert or onnx,litert: the backend axis (default onnx)")
     p.add_argument("--recipes", default=",".join(RECIPES), help="target recipes (default: all)")
     p.add_argument("--drafter-recipes", default="fp32,int8,int4", help="drafter recipes (default fp32,int8,int4)")
     p.add_argument("--block-size", type=int, default=32, choices=(32, 64, 128))
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     recipes = [_recipes(args.recipes, "--recipes"), _recipes(args.drafter_recipes, "--drafter-recipes")]
     if args.out.exists() and not args.force:
         raise ValueError(f"{args.out} already exists; pass --force to replace it")
-    report = quant_report(args.target, args.drafter, args.out, *recipes, block_size=args.block_size,
+    backends = tuple(b.strip() for b in args.backend.split(",") if b.strip())  # checked by the float export
+    report = quant_report(args.target, args.drafter, args.out, *recipes, backends=backends, block_size=args.block_size,
                           max_cache_len=args.max_cache_len, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                           keep_exports=args.keep_exports)
     print((args.out / "report.md").read_text())
@@ -63,7 +65,7 @@ def _recipes(text: str, flag: str) -> list[str]:
 
 
 def quant_report(target: str, drafter: str, out: Path, recipes: list[str], drafter_recipes: list[str], *,
-                 block_size: int = 32, max_cache_len: int = 512, max_new_tokens: int = 32, repeats: int = 3,
+                 backends: tuple[str, ...] = ("onnx",), block_size: int = 32, max_cache_len: int = 512, max_new_tokens: int = 32, repeats: int = 3,
                  keep_exports: bool = False) -> dict:
     from tqdm import tqdm
 
@@ -74,13 +76,13 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
         shutil.rmtree(out)
     exports = out / "exports"
     float_dir = export_model(ExportConfig(target=target, drafter=drafter, out=exports / "fp32-fp32",
-                                          max_cache_len=max_cache_len))
+                                          backend=",".join(backends), max_cache_len=max_cache_len))
     # the float pair is always measured: it is the baseline every ratio is taken against
     pairs = [("fp32", "fp32")] + [p for p in itertools.product(recipes, drafter_recipes) if p != ("fp32", "fp32")]
     folders = {pair: _derive(float_dir, exports, pair, block_size)
                for pair in tqdm(pairs, desc="quantizing", unit="pair")}
     rows = _measure(folders, float_dir, target, max_new_tokens, repeats)
-    report = {"target": target, "drafter": drafter, "block_size": block_size, "max_new_tokens": max_new_tokens,
+    report = {"target": target, "drafter": drafter, "backends": list(backends), "block_size": block_size, "max_new_tokens": max_new_tokens,
               "repeats": repeats, "rows": rows}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
@@ -91,19 +93,21 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
 
 
 def _derive(float_dir: Path, exports: Path, pair: tuple[str, str], block_size: int) -> Path:
-    """A copy of the float export with the pair's recipes applied (the float export itself for fp32-fp32)."""
+    """A copy of the float export with the pair's recipes applied to every backend in it (the float export
+    itself for fp32-fp32)."""
     from mtpkit.runtime.manifest import load_manifest
 
-    from .backends import onnx as onnx_backend
+    from .pipeline import _backend_module
 
     if pair == ("fp32", "fp32"):
         return float_dir
     folder = exports / "-".join(pair)
     shutil.copytree(float_dir, folder)
     manifest = load_manifest(folder)
-    backend = onnx_backend.quantize(folder, manifest.backend("onnx"), {"target": pair[0], "drafter": pair[1]},
-                                    block_size)
-    dataclasses.replace(manifest, backends={"onnx": backend}).save(folder)
+    recipes = {"target": pair[0], "drafter": pair[1]}
+    backends = {kind: _backend_module(kind).quantize(folder, backend, recipes, block_size)
+                for kind, backend in manifest.backends.items()}
+    dataclasses.replace(manifest, backends=backends).save(folder)
     return folder
 
 
@@ -119,54 +123,59 @@ def _measure(folders: dict, float_dir: Path, target_ref: str, max_new_tokens: in
     source = resolve(target_ref, "target")
     target = target_adapter(source).load(source)
     reference = json.loads((float_dir / "reference.json").read_text())
-    teacher = {}
-    rows = []
-    for (t, d), folder in tqdm(folders.items(), desc="measuring fidelity", unit="pair"):
-        manifest = load_manifest(folder)
-        if t not in teacher:
-            teacher[t] = fidelity.teacher_forced(manifest, target, reference)
-        rows.append({"target_recipe": t, "drafter_recipe": d,
-                     "bytes": {k: g.bytes for k, g in manifest.backend("onnx").graphs.items()},
-                     "teacher_forced": teacher[t], "runtime": fidelity.runtime_figures(folder, reference)})
-    speeds = _speeds(folders, reference, max_new_tokens, repeats)
+    teacher, rows = {}, []
+    cases = [(kind, pair, folder) for pair, folder in folders.items() for kind in load_manifest(folder).backends]
+    for kind, (t, d), folder in tqdm(cases, desc="measuring fidelity", unit="row"):
+        graphs = load_manifest(folder).backend(kind).graphs
+        if (kind, t) not in teacher:  # the target's fidelity does not depend on the drafter's recipe
+            teacher[(kind, t)] = fidelity.teacher_forced(folder, target, reference, kind)
+        rows.append({"backend": kind, "target_recipe": t, "drafter_recipe": d,
+                     "bytes": {k: g.bytes for k, g in graphs.items() if k != "bundle"},  # the bundle repeats them
+                     "teacher_forced": teacher[(kind, t)],
+                     "runtime": fidelity.runtime_figures(folder, reference, backend=kind)})
+    speeds = _speeds({(kind, pair): folder for kind, pair, folder in cases}, reference, max_new_tokens, repeats)
     for row in rows:
-        row.update(speeds[(row["target_recipe"], row["drafter_recipe"])])
+        row.update(speeds[(row["backend"], (row["target_recipe"], row["drafter_recipe"]))])
     return rows
 
 
-def _speeds(folders: dict, reference: dict, max_new_tokens: int, repeats: int) -> dict:
-    """Decode ms/token, plain and speculative (k=4), medians over interleaved rounds across every pair."""
+def _speeds(cases: dict, reference: dict, max_new_tokens: int, repeats: int) -> dict:
+    """Decode ms/token, plain and speculative (k=4, or the backend's static cap), medians over rounds
+    interleaved across every (backend, pair)."""
     from tqdm import tqdm
 
     from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
 
-    engines = {pair: Engine(folder) for pair, folder in folders.items()}
+    engines = {case: Engine(folder, backend=case[0]) for case, folder in cases.items()}
     prompts = [p["prompt_ids"] for p in reference["prompts"]]
-    modes = {"plain": GenConfig(max_new_tokens=max_new_tokens, mtp=False),
-             "speculative": GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=4)}
-    times = {(pair, mode): [] for pair in engines for mode in modes}
+    modes = lambda engine: {"plain": GenConfig(max_new_tokens=max_new_tokens, mtp=False),  # noqa: E731
+                            "speculative": GenConfig(max_new_tokens=max_new_tokens,
+                                                     num_assistant_tokens=min(4, engine.max_draft or 4))}
+    times = {(case, mode): [] for case in engines for mode in ("plain", "speculative")}
     for round_ in tqdm(range(repeats + 1), desc="timing", unit="round"):
-        for (pair, engine), (mode, cfg) in itertools.product(engines.items(), modes.items()):
-            stats = [run_once(engine, ids, cfg) for ids in prompts]
-            if round_:  # round 0 warms up every session
-                decode = sum(s.total_s - s.ttft_s for s in stats) / sum(max(1, s.new_tokens - 1) for s in stats)
-                times[(pair, mode)].append(1e3 * decode)
-    return {pair: {f"{mode}_ms_per_token": statistics.median(times[(pair, mode)]) for mode in modes}
-            for pair in engines}
+        for case, engine in engines.items():
+            for mode, cfg in modes(engine).items():
+                stats = [run_once(engine, ids, cfg) for ids in prompts]
+                if round_:  # round 0 warms up every session
+                    decode = sum(s.total_s - s.ttft_s for s in stats) / sum(max(1, s.new_tokens - 1) for s in stats)
+                    times[(case, mode)].append(1e3 * decode)
+    return {case: {f"{mode}_ms_per_token": statistics.median(times[(case, mode)])
+                   for mode in ("plain", "speculative")} for case in engines}
 
 
 def markdown(report: dict) -> str:
-    base = next(r for r in report["rows"] if (r["target_recipe"], r["drafter_recipe"]) == ("fp32", "fp32"))
-    lines = ["| target | drafter | MB | top-1 | mean KL | max dlogit | greedy prefix | acceptance | tok/call | "
-             "plain ms/tok | vs fp32 | spec ms/tok |", "|" + "---|" * 12]
+    base = {r["backend"]: r for r in report["rows"] if (r["target_recipe"], r["drafter_recipe"]) == ("fp32", "fp32")}
+    lines = ["| backend | target | drafter | MB | top-1 | mean KL | max dlogit | greedy prefix | acceptance | "
+             "tok/call | plain ms/tok | vs fp32 | spec ms/tok |", "|" + "---|" * 13]
     for r in report["rows"]:
         tf, rt = r["teacher_forced"], r["runtime"]
-        lines.append(f"| {r['target_recipe']} | {r['drafter_recipe']} | {sum(r['bytes'].values()) / 1e6:.2f} | "
+        lines.append(f"| {r['backend']} | {r['target_recipe']} | {r['drafter_recipe']} | "
+                     f"{sum(r['bytes'].values()) / 1e6:.2f} | "
                      f"{tf['top1_agreement']:.3f} | {tf['mean_kl']:.1e} | {tf['max_abs_logit']:.3f} | "
                      f"{rt['greedy_prefix_match']:.2f} | {100 * (rt['acceptance'] or 0):.0f}% | "
                      f"{rt['tokens_per_target_call']:.2f} | {r['plain_ms_per_token']:.2f} | "
-                     f"{base['plain_ms_per_token'] / r['plain_ms_per_token']:.2f}x | "
+                     f"{base[r['backend']]['plain_ms_per_token'] / r['plain_ms_per_token']:.2f}x | "
                      f"{r['speculative_ms_per_token']:.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -180,13 +189,14 @@ def _plots(rows: list[dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         if r["drafter_recipe"] == rows[0]["drafter_recipe"]:
-            ax.scatter(r["bytes"]["target"] / 1e6, r["teacher_forced"]["top1_agreement"])
-            ax.annotate(r["target_recipe"], (r["bytes"]["target"] / 1e6, r["teacher_forced"]["top1_agreement"]))
+            xy = (r["bytes"]["target"] / 1e6, r["teacher_forced"]["top1_agreement"])
+            ax.scatter(*xy, marker="o" if r["backend"] == "onnx" else "s")
+            ax.annotate(f"{r['backend']} {r['target_recipe']}", xy)
     ax.set(xlabel="target graph MB", ylabel="teacher-forced top-1 agreement", title="size vs fidelity")
     fig.tight_layout()
     fig.savefig(out / "size_vs_top1.png", dpi=120)
     fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"{r['target_recipe']}/{r['drafter_recipe']}" for r in rows]
+    labels = [f"{r['backend']} {r['target_recipe']}/{r['drafter_recipe']}" for r in rows]
     ax.bar(labels, [100 * (r["runtime"]["acceptance"] or 0) for r in rows])
     ax.set(ylabel="drafter acceptance %", title="acceptance by target/drafter recipe")
     ax.tick_params(axis="x", rotation=60)

@@ -82,3 +82,15 @@ def root_logging_kept():
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
+
+
+def import_quietly() -> None:
+    """Import torchao (which transformers' quantizers and litert-torch pull in) with its import-time noise hidden:
+    torchao 0.x logs "Failed to load ..._C_mxfp8...so" for CUDA-only kernels on a CPU machine, and torch 2.13's
+    _pytree logs an Enum register_constant deprecation for torchao's enums. Both are emitted once, at import."""
+    with logger_level("torchao", logging.ERROR), logger_level("torch.utils._pytree", logging.ERROR):
+        try:
+            import torchao  # noqa: F401
+            import torchao.prototype.mx_formats  # noqa: F401 - what transformers' torchao quantizer imports
+        except ImportError:  # not installed: transformers will not import it either
+            pass

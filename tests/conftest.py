@@ -7,11 +7,11 @@ import pytest
 VARIANTS = {
     # name: make-tiny spec; together they cover both target layouts, both drafter heads, e2b/e4b, k_eq_v
     "e2b_gemma4_centroid": dict(shape="e2b", layout="gemma4", head="centroid"),
-    "e4b_text_dense": dict(shape="e4b", layout="gemma4_text", head="dense"),
+    "e4b_text_dense_kv_eq": dict(shape="e4b", layout="gemma4_text", head="dense", k_eq_v=True),
     "e2b_text_kv_eq": dict(shape="e2b", layout="gemma4_text", head="centroid", k_eq_v=True),
 }
-# LiteRT exports cost minutes each: these two cover both target layouts and both drafter heads
-LITERT_VARIANTS = ("e2b_gemma4_centroid", "e4b_text_dense")
+# LiteRT exports cost minutes each: these two cover both target layouts, both drafter heads and k_eq_v
+LITERT_VARIANTS = ("e2b_gemma4_centroid", "e4b_text_dense_kv_eq")
 
 
 @pytest.fixture(scope="session")

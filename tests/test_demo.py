@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_demo_exports_proves_parity_and_reports_speed(tmp_path):
     out = tmp_path / "demo"
     result = subprocess.run([sys.executable, "-m", "mtpkit", "-q", "demo", str(out), "--repeats", "1",
-                             "--max-new-tokens", "24"], capture_output=True, text=True)
+                             "--max-new-tokens", "24", "--pair", "small"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "parity (onnx): PASS" in result.stdout and "median speedup" in result.stdout
     report = json.loads((out / "demo_onnx.json").read_text())

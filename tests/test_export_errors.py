@@ -48,7 +48,7 @@ def test_non_gemma4_checkpoint(tmp_path, tiny_checkpoints):
 
 def test_mismatched_drafter(tmp_path, tiny_checkpoints):
     target, _ = tiny_checkpoints("e2b_gemma4_centroid")  # 1 kv head
-    _, other = tiny_checkpoints("e4b_text_dense")  # 2 kv heads
+    _, other = tiny_checkpoints("e4b_text_dense_kv_eq")  # 2 kv heads
     out = tmp_path / "out"
     _assert_clean_failure(_cli("export", target, "--drafter", other, "--out", out), out,
                           "drafter does not match the target", "num_key_value_heads")

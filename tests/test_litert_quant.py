@@ -4,8 +4,7 @@ LiteRT-LM runtime from the rebuilt .litertlm with speculative decoding on."""
 
 from __future__ import annotations
 
-import dataclasses
-import shutil
+import json
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ pytest.importorskip("litert_torch")
 
 from conftest import LITERT_VARIANTS, litertlm_texts  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
+from mtpkit.export import quant_report  # noqa: E402
 from mtpkit.export.backends import litert_quant  # noqa: E402
 from mtpkit.runtime.engine import Engine, GenConfig  # noqa: E402
 from mtpkit.runtime.manifest import load_manifest  # noqa: E402
@@ -37,20 +37,18 @@ def float_export(request, litert_exports):
     return litert_exports(request.param)
 
 
-def derive(float_export, folder, recipes: dict, block_size: int = 32):
-    """Copy the float export, quantize its LiteRT graphs, save the manifest and reload it (sha256 re-checked)."""
-    shutil.copytree(float_export, folder)
-    manifest = load_manifest(folder)
-    lite = backend.quantize(folder, manifest.backend("litert"), recipes, block_size)
-    dataclasses.replace(manifest, backends={**manifest.backends, "litert": lite}).save(folder)
-    return load_manifest(folder)
+def derive(float_export, root, recipes: dict, block_size: int = 32):
+    """quant-report's derivation: copy the float export and quantize every backend in it (ONNX and LiteRT), then
+    reload the manifest (sha256 re-checked). Returns (folder, manifest)."""
+    folder = quant_report._derive(float_export, root, (recipes["target"], recipes["drafter"]), block_size)
+    return folder, load_manifest(folder)
 
 
 @pytest.fixture(scope="module", params=list(EXPECTED))
 def quantized(request, float_export, tmp_path_factory):
     recipe = request.param
-    folder = tmp_path_factory.mktemp(f"litert_{recipe}") / "export"
-    return recipe, folder, derive(float_export, folder, {"target": recipe, "drafter": recipe})
+    return recipe, *derive(float_export, tmp_path_factory.mktemp(f"litert_{recipe}"),
+                           {"target": recipe, "drafter": recipe})
 
 
 def greedy(folder, ids: list[int], mtp: bool, stats: Stats | None = None, max_new: int = MAX_NEW) -> list[int]:
@@ -105,6 +103,29 @@ def test_speculative_equals_plain_on_the_quantized_graphs(quantized, float_expor
             assert plain == greedy(float_export, ids, mtp=False)
 
 
+def test_fidelity_is_measured_and_gated_on_the_litert_graphs(quantized):
+    """The export's gate applies to each backend: teacher-forced figures through the LiteRT graphs themselves."""
+    from mtpkit.export import fidelity
+    from mtpkit.export.checkpoint import resolve
+    from mtpkit.export.models import target_adapter
+
+    recipe, folder, manifest = quantized
+    source = resolve(manifest.source["target"]["ref"], "target")
+    target = target_adapter(source).load(source)
+    reference = json.loads((folder / "reference.json").read_text())
+    lite = fidelity.teacher_forced(folder, target, reference, "litert")
+    onnx = fidelity.teacher_forced(folder, target, reference, "onnx")
+    assert lite["positions"] == onnx["positions"] == sum(len(p["greedy_ids"]) for p in reference["prompts"])
+    assert 0 < lite["top1_agreement"] <= 1 and 0 < lite["max_abs_logit"] and lite["mean_kl"] >= 0
+    if recipe == "fp16":
+        assert lite["top1_agreement"] >= fidelity.GATES["fp16"]
+    failing = {"target_recipe": recipe, "teacher_forced": {**lite, "top1_agreement": 0.5}}
+    message, = fidelity._gate_failure("litert", failing)
+    assert message.startswith(f"litert {recipe} target: teacher-forced top-1 agreement with the float model is 0.500")
+    assert "--no-quality-gate" in message and "\n" not in message
+    assert fidelity._gate_failure("litert", {"target_recipe": recipe, "teacher_forced": {**lite, "top1_agreement": 1.0}}) == []
+
+
 def test_quantizing_again_changes_nothing(quantized):
     recipe, folder, manifest = quantized
     lite = manifest.backend("litert")
@@ -117,8 +138,8 @@ def test_quantizing_again_changes_nothing(quantized):
 def test_litertlm_runs_the_quantized_bundle_with_speculation(recipe, float_export, tmp_path_factory, capfd):
     from tokenizers import Tokenizer
 
-    folder = tmp_path_factory.mktemp(f"litertlm_{recipe}") / "export"
-    manifest = derive(float_export, folder, {"target": recipe, "drafter": recipe})
+    folder, manifest = derive(float_export, tmp_path_factory.mktemp(f"litertlm_{recipe}"),
+                              {"target": recipe, "drafter": recipe})
     path = str(folder / manifest.backend("litert").graphs["bundle"].file)
     texts = litertlm_texts(path, MAX_NEW, capfd)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -133,8 +154,8 @@ def test_litertlm_runs_the_quantized_bundle_with_speculation(recipe, float_expor
 def test_int4_picks_the_block_per_tensor_where_the_width_is_not_a_multiple(float_export, tmp_path_factory):
     """Block 128 on the tiny pair: the drafter's inputs are 32 and 64 wide, which aeq would refuse ("not divisible
     by block size 128"); those weights fall back to the largest block that divides them."""
-    folder = tmp_path_factory.mktemp("litert_int4_b128") / "export"
-    manifest = derive(float_export, folder, {"target": "int4", "drafter": "int4"}, block_size=128)
+    folder, manifest = derive(float_export, tmp_path_factory.mktemp("litert_int4_b128"),
+                              {"target": "int4", "drafter": "int4"}, block_size=128)
     detail = manifest.backend("litert").options["quantization"]["drafter"]
     assert detail["block_size"] == 128
     fallback = {e["input_dim"]: e["granularity"] for e in detail["per_tensor_blocks"]}

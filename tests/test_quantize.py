@@ -112,10 +112,12 @@ def test_quant_report_derives_pairs_from_one_float_export_and_tabulates_them(tin
                                                                         "max_abs_logit": 1.0},
            "runtime": {"greedy_prefix_match": 0.5, "acceptance": 0.25, "tokens_per_target_call": 2.0},
            "plain_ms_per_token": 2.0, "speculative_ms_per_token": 1.0}
-    rows = [{**row, "target_recipe": "fp32", "drafter_recipe": "fp32"},
-            {**row, "target_recipe": "int4", "drafter_recipe": "int8", "plain_ms_per_token": 0.5}]
+    rows = [{**row, "backend": kind, "target_recipe": t, "drafter_recipe": d, "plain_ms_per_token": ms}
+            for kind, t, d, ms in [("onnx", "fp32", "fp32", 2.0), ("onnx", "int4", "int8", 0.5),
+                                   ("litert", "fp32", "fp32", 3.0), ("litert", "int8", "fp32", 1.0)]]
     table = quant_report.markdown({"rows": rows}).splitlines()
-    assert len(table) == 4 and table[3].startswith("| int4 | int8 | 3.00 | 0.900 |") and "| 4.00x |" in table[3]
+    assert len(table) == 6 and table[3].startswith("| onnx | int4 | int8 | 3.00 | 0.900 |") and "| 4.00x |" in table[3]
+    assert table[5].startswith("| litert | int8 | fp32 |") and "| 3.00x |" in table[5]  # against LiteRT's own fp32
     quant_report._plots(rows, tmp_path)
     assert (tmp_path / "size_vs_top1.png").stat().st_size > 0 and (tmp_path / "acceptance.png").stat().st_size > 0
 

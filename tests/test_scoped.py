@@ -86,3 +86,18 @@ def test_patched_all_reads_every_old_value_before_setting_any():
     with patched_all([parent, parent.sub], "impl", "lrt"):
         assert parent.impl == parent.sub.impl == "lrt"
     assert (parent.impl, parent.sub.impl) == ("parent", "eager")
+
+
+def test_third_party_import_noise_is_hidden_and_levels_restored():
+    """A fresh process loading a checkpoint the way export does prints nothing from torchao or torch._pytree."""
+    import subprocess
+    import sys
+
+    code = ("import logging\n"
+            "from mtpkit.export.scoped import import_quietly\n"
+            "import_quietly()\n"
+            "import transformers.quantizers.auto\n"
+            "assert logging.getLogger('torchao').level == logging.getLogger('torch.utils._pytree').level == 0\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "Failed to load" not in result.stderr and "register_constant" not in result.stderr, result.stderr

@@ -5,19 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger("mtpkit")
 
 EPILOG = """Uses the trained tiny Gemma 4 target + drafter in mtpkit/tiny/assets/tiny_pair (see its pair.json).
-Writes the export to DIR, replays the transformers reference through the runtime (token-for-token parity) and
-times speculative against plain decoding on the same graphs. Nothing is downloaded.
+By default (--pair e2b-shaped) the target is first grown wide (mtpkit/tiny/grow.py: MLPs x16, ~25 M
+parameters, same drafter) so that a drafter step costs about 1/20 of a target call, as with the real E2B
+pair; --pair small uses the shipped pair as is (fast, but its drafter costs 1/3 of a target call, so
+speculation barely pays). Writes the export to DIR, replays the transformers reference through the runtime
+(token-for-token parity) and times speculative against plain decoding on the same graphs. Nothing is downloaded.
 """
+PAIRS = ("e2b-shaped", "small")
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.epilog = EPILOG
     p.add_argument("out", type=Path, help="export folder to create")
+    p.add_argument("--pair", choices=PAIRS, default=PAIRS[0], help="which demo pair (default e2b-shaped)")
     p.add_argument("--backend", default="onnx", help="onnx or onnx,litert (default onnx)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved bench runs per prompt (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -33,11 +39,13 @@ def run(args: argparse.Namespace) -> int:
 
     from mtpkit.export.config import ExportConfig
     from mtpkit.export.pipeline import export_model
-    from .train import ASSETS
 
-    cfg = ExportConfig(target=str(ASSETS / "target"), drafter=str(ASSETS / "drafter"), out=args.out,
-                       backend=args.backend, force=args.force, max_cache_len=1024, prefill_len=32)
-    out = export_model(cfg)
+    with tempfile.TemporaryDirectory(prefix="mtpkit-demo-pair-") as tmp:
+        target, drafter, record = demo_pair(args.pair, Path(tmp))
+        cfg = ExportConfig(target=str(target), drafter=str(drafter), out=args.out, backend=args.backend,
+                           force=args.force, max_cache_len=1024, prefill_len=32)
+        out = export_model(cfg)
+    (out / "demo_pair.json").write_text(json.dumps(record, indent=1) + "\n")
     ok = True
     for backend in cfg.backend:
         report = run_parity(out, args.threads, backend)
@@ -52,6 +60,17 @@ def run(args: argparse.Namespace) -> int:
     if not ok:
         raise CommandError("parity failed; see `mtpkit parity DIR` for the mismatches")
     return 0
+
+
+def demo_pair(name: str, tmp: Path) -> tuple[Path, Path, dict]:
+    """(target, drafter, how they were made) for --pair NAME; the e2b-shaped target is grown into TMP."""
+    from .grow import grow_pair
+    from .train import ASSETS
+
+    if name == "small":
+        return ASSETS / "target", ASSETS / "drafter", {"pair": name, "method": "the shipped trained pair"}
+    target, drafter = grow_pair(ASSETS, tmp)
+    return target, drafter, {"pair": name, **json.loads((tmp / "pair.json").read_text())}
 
 
 def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: int) -> dict:

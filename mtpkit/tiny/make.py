@@ -163,6 +163,10 @@ def make_tiny(out: str | Path, spec: TinySpec = TinySpec()) -> tuple[Path, Path]
         (target_dir, drafter_dir)
     """
     import torch
+
+    from mtpkit.export.scoped import import_quietly
+
+    import_quietly()
     from transformers import AutoConfig, Gemma4AssistantForCausalLM, Gemma4ForCausalLM
 
     out = Path(out)

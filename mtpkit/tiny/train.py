@@ -91,7 +91,10 @@ def train_tiny(cfg: TrainConfig) -> Path:
     """Train, write out/target and out/drafter (HF checkpoints), measure, write out/pair.json; return out."""
     import torch
 
+    from mtpkit.export.scoped import import_quietly
+
     _prepare_out(cfg)
+    import_quietly()
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:

@@ -1,0 +1,75 @@
+"""The demo pair with E2B's cost shape, grown from the shipped trained pair instead of trained from scratch.
+
+The real E2B drafter costs about 1/25 of a target call; the shipped tiny pair's drafter costs about 1/3, so a
+demo on it shows per-op overhead, not what users will get. Growing only the target's MLPs (every layer's
+intermediate width times `factor`) makes weights dominate a target call while keeping the hidden size, the
+attention, the KV cache and every other E2B structural feature exactly as trained, so the shipped drafter
+still reads the activations and K/V it was trained on. The new units read the normed residual like the old
+ones; their down-projection starts near zero (`down_scale`), so the grown target computes a slightly
+perturbed function of the trained one (no distillation: the shipped drafter's acceptance carries over, and
+the export's parity check is against transformers on the grown checkpoint itself). Deterministic from `seed`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class GrowSpec:
+    factor: int = 16  # MLP intermediate x16: ~24 M target parameters, a decode call dominated by its weights
+    init_std: float = 0.02  # the training recipe's initializer_range, for the new gate/up rows
+    down_scale: float = 0.05  # new down-projection columns (x init_std): computed every call, near-silent
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.factor < 1:
+            raise ValueError(f"grow factor must be >= 1 (got {self.factor})")
+
+
+def grow_pair(src: Path, out: Path, spec: GrowSpec = GrowSpec()) -> tuple[Path, Path]:
+    """Write OUT/target (grown) and OUT/drafter (copied) from the pair in SRC; returns their folders."""
+    from safetensors.numpy import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src / "drafter", out / "drafter", dirs_exist_ok=True)
+    shutil.copytree(src / "target", out / "target", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
+    config = json.loads((src / "target" / "config.json").read_text())
+    state = load_file(src / "target" / "model.safetensors")
+    rng = np.random.default_rng(spec.seed)
+    for name in sorted(state):  # sorted: the random draws do not depend on the file's key order
+        if name.split(".")[-2] in MLP:
+            state[name] = _widen(state[name], name.split(".")[-2], spec, rng)
+    config["intermediate_size"] = config["intermediate_size"] * spec.factor
+    (out / "target" / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state, out / "target" / "model.safetensors", metadata={"format": "pt"})
+    record = {"method": "grown from the shipped trained pair (mtpkit.tiny.grow), no training",
+              "spec": asdict(spec), "source_pair": str(src.name),
+              "source_sha256": _sha256(src / "target" / "model.safetensors"),
+              "target_parameters": int(sum(v.size for v in state.values())),
+              "target_sha256": _sha256(out / "target" / "model.safetensors")}
+    (out / "pair.json").write_text(json.dumps(record, indent=1) + "\n")
+    return out / "target", out / "drafter"
+
+
+def _widen(weight: np.ndarray, kind: str, spec: GrowSpec, rng: np.random.Generator) -> np.ndarray:
+    """gate/up [I, H] gain rows; down [H, I] gains columns (the intermediate axis)."""
+    axis = 1 if kind == "down_proj" else 0
+    extra_shape = list(weight.shape)
+    extra_shape[axis] = weight.shape[axis] * (spec.factor - 1)
+    std = spec.init_std * (spec.down_scale if kind == "down_proj" else 1.0)
+    extra = rng.normal(0.0, std, size=extra_shape).astype(weight.dtype)
+    return np.ascontiguousarray(np.concatenate([weight, extra], axis=axis))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
