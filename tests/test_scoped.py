@@ -101,3 +101,20 @@ def test_third_party_import_noise_is_hidden_and_levels_restored():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "Failed to load" not in result.stderr and "register_constant" not in result.stderr, result.stderr
+
+
+def test_output_captured_hides_fd_output_and_replays_it_on_failure(capfd):
+    import os
+
+    from mtpkit.export.scoped import output_captured
+
+    with output_captured("tool"):
+        print("python print", flush=True)
+        os.write(2, b"native log line\n")
+    assert capfd.readouterr() == ("", "")
+    with pytest.raises(RuntimeError), output_captured("tool"):
+        os.write(1, b"what it said before failing\n")
+        raise RuntimeError("boom")
+    assert "what it said before failing" in capfd.readouterr().err
+    print("after")
+    assert capfd.readouterr().out == "after\n"  # descriptors restored

@@ -25,7 +25,7 @@ from torch import nn
 from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
 
 from ..litert_patches import import_export_hf, litert_workarounds
-from ..scoped import patched, patched_all
+from ..scoped import output_captured, patched, patched_all
 from . import ExportJob
 
 log = logging.getLogger("mtpkit")
@@ -236,7 +236,7 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     scratch = Path(tempfile.mkdtemp(prefix=".litert-", dir=out_dir))
     try:
-        with litert_workarounds():
+        with output_captured("litert-torch"), litert_workarounds():
             export_drafter(drafter_model, target_model.config, out_dir / "drafter.tflite", cache_len)
             checkpoint = gemma4_layout_checkpoint(target_dir, scratch / "checkpoint")
             work = scratch / "export_hf"

@@ -116,10 +116,24 @@ class _DropSharedBufferNotice(logging.Filter):
 
 @contextlib.contextmanager
 def _quiet_aeq():
+    """aeq's notices filtered, and its transformation progress bar off: ai-edge-quantizer 0.10.0's
+    Quantizer.quantize(enable_progress_bar=False) does not pass the flag on to ModelModifier.modify_model, whose
+    "Applying Transformations to tensors" bar then turns itself on for large models (thousands of tensors)."""
+    from ai_edge_quantizer import model_modifier
+
+    from mtpkit.export.scoped import patched
+
+    real = model_modifier.ModelModifier.modify_model
+
+    def modify_model(self, params, *args, **kwargs):
+        kwargs["enable_progress_bar"] = False
+        return real(self, params, *args[:1], **kwargs)
+
     root, noise = logging.getLogger(), _DropSharedBufferNotice()
     root.addFilter(noise)
     try:
-        yield
+        with patched(model_modifier.ModelModifier, "modify_model", modify_model):
+            yield
     finally:
         root.removeFilter(noise)
 
