@@ -35,11 +35,16 @@ EXPORT=$BUILD/tiny_export
 STAMP=$(find export runtime mtpkit/tiny/assets/tiny_pair -type f -not -path '*/__pycache__/*' -print0 | sort -z \
   | xargs -0 sha256sum | sha256sum | cut -c1-64)
 if [ ! -f "$EXPORT/manifest.json" ] || [ "$(cat "$BUILD/tiny_export.stamp" 2>/dev/null)" != "$STAMP" ]; then
-  rm -rf "$EXPORT"
+  rm -rf "$EXPORT" "$BUILD/quantized"
   .venv/bin/mtpkit -q export mtpkit/tiny/assets/tiny_pair/target --drafter mtpkit/tiny/assets/tiny_pair/drafter \
     --out "$EXPORT" --max-cache-len 256 >"$BUILD/export.log" 2>&1 || { cat "$BUILD/export.log"; exit 1; }
+  # int8 target / int4 drafter, derived from the float export (what quant-report does; seconds, not an export)
+  .venv/bin/python -c 'import sys; from pathlib import Path; from mtpkit.export.quant_report import derive_quantized
+derive_quantized(Path(sys.argv[1]), Path(sys.argv[2]), ("int8", "int4"), 32)' "$EXPORT" "$BUILD/quantized" \
+    >>"$BUILD/export.log" 2>&1 || { cat "$BUILD/export.log"; exit 1; }
   echo "$STAMP" >"$BUILD/tiny_export.stamp"
 fi
+QEXPORT=$BUILD/quantized/int8-int4
 
 # --- build: core alone (no JNA, no Android on its classpath), then desktop, then both test sets --------------
 kc() { "$K/bin/kotlinc" -jvm-target 17 -nowarn "$@" 2>&1 | { grep -v '^warning:' || true; }; }
@@ -63,7 +68,7 @@ set +e
 # A 1 MB young generation makes the JVM collect every few allocations, so a native buffer that the JIT considers
 # dead while ONNX Runtime still reads it gets freed and shows as a parity failure (5 of 6 runs before the fix in
 # OrtGraphSession.run), instead of as a rare SIGSEGV.
-java -Xmx48m -Xmn1m -XX:+UseSerialGC -Dmtpkit.export="$EXPORT" -Dmtpkit.cli="$ROOT/.venv/bin/mtpkit" -Dmtpkit.ortLib="$ORT_LIB" \
+java -Xmx48m -Xmn1m -XX:+UseSerialGC -Dmtpkit.export="$EXPORT" -Dmtpkit.exportQuantized="$QEXPORT" -Dmtpkit.cli="$ROOT/.venv/bin/mtpkit" -Dmtpkit.ortLib="$ORT_LIB" \
   -jar $J/junit-platform-console-standalone.jar \
   -cp "$BUILD/core.jar:$BUILD/desktop.jar:$BUILD/tests.jar:$J/jna.jar:$K/lib/kotlin-stdlib.jar" \
   --scan-classpath "$BUILD/tests.jar" --fail-if-no-tests --disable-banner --disable-ansi-colors --details=tree \

@@ -16,6 +16,8 @@ import shutil
 import statistics
 from pathlib import Path
 
+from mtpkit.errors import UsageError
+
 from .config import QUANT_RECIPES
 
 EPILOG = """Writes OUT/report.json, OUT/report.md, OUT/size_vs_top1.png and OUT/acceptance.png; with --keep-exports also
@@ -47,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     recipes = [_recipes(args.recipes, "--recipes"), _recipes(args.drafter_recipes, "--drafter-recipes")]
     if args.out.exists() and not args.force:
-        raise ValueError(f"{args.out} already exists; pass --force to replace it")
+        raise UsageError(f"{args.out} already exists; pass --force to replace it")
     backends = tuple(b.strip() for b in args.backend.split(",") if b.strip())  # checked by the float export
     report = quant_report(args.target, args.drafter, args.out, *recipes, backends=backends, block_size=args.block_size,
                           max_cache_len=args.max_cache_len, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
@@ -60,7 +62,7 @@ def _recipes(text: str, flag: str) -> list[str]:
     names = [r.strip() for r in text.split(",") if r.strip()]
     bad = [r for r in names if r not in RECIPES]
     if bad or not names:
-        raise ValueError(f"{flag}: unknown recipe {bad[0] if bad else text!r}; choose from {', '.join(RECIPES)}")
+        raise UsageError(f"{flag}: unknown recipe {bad[0] if bad else text!r}; choose from {', '.join(RECIPES)}")
     return names
 
 
@@ -79,7 +81,7 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
                                           backend=",".join(backends), max_cache_len=max_cache_len))
     # the float pair is always measured: it is the baseline every ratio is taken against
     pairs = [("fp32", "fp32")] + [p for p in itertools.product(recipes, drafter_recipes) if p != ("fp32", "fp32")]
-    folders = {pair: _derive(float_dir, exports, pair, block_size)
+    folders = {pair: derive_quantized(float_dir, exports, pair, block_size)
                for pair in tqdm(pairs, desc="quantizing", unit="pair")}
     rows = _measure(folders, float_dir, target, max_new_tokens, repeats)
     report = {"target": target, "drafter": drafter, "backends": list(backends), "block_size": block_size, "max_new_tokens": max_new_tokens,
@@ -92,7 +94,7 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
     return report
 
 
-def _derive(float_dir: Path, exports: Path, pair: tuple[str, str], block_size: int) -> Path:
+def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], block_size: int) -> Path:
     """A copy of the float export with the pair's recipes applied to every backend in it (the float export
     itself for fp32-fp32)."""
     from mtpkit.runtime.manifest import load_manifest

@@ -41,7 +41,7 @@ def float_export(request, litert_exports):
 def derive(float_export, root, recipes: dict, block_size: int = 32):
     """quant-report's derivation: copy the float export and quantize every backend in it (ONNX and LiteRT), then
     reload the manifest (sha256 re-checked). Returns (folder, manifest)."""
-    folder = quant_report._derive(float_export, root, (recipes["target"], recipes["drafter"]), block_size)
+    folder = quant_report.derive_quantized(float_export, root, (recipes["target"], recipes["drafter"]), block_size)
     return folder, load_manifest(folder)
 
 

@@ -104,8 +104,8 @@ def test_quant_report_derives_pairs_from_one_float_export_and_tabulates_them(tin
     from mtpkit.runtime.manifest import load_manifest
 
     float_dir = tiny_exports("e2b_gemma4_centroid")
-    assert quant_report._derive(float_dir, tmp_path, ("fp32", "fp32"), 32) == float_dir
-    folder = quant_report._derive(float_dir, tmp_path, ("int4", "int8"), 64)
+    assert quant_report.derive_quantized(float_dir, tmp_path, ("fp32", "fp32"), 32) == float_dir
+    folder = quant_report.derive_quantized(float_dir, tmp_path, ("int4", "int8"), 64)
     graphs = load_manifest(folder).backend("onnx").graphs
     assert (graphs["target"].recipe, graphs["drafter"].recipe) == ("int4", "int8")
     row = {"bytes": {"target": 2e6, "drafter": 1e6}, "teacher_forced": {"top1_agreement": 0.9, "mean_kl": 0.01,

@@ -1,5 +1,6 @@
 // Test-only: core's GraphSession over ONNX Runtime's C API (JNA) on the desktop JVM, and the parity test.
-// Run: gradle :desktop:test -PmtpkitExport=DIR -PmtpkitCli=.venv/bin/mtpkit -PortLib=.../libonnxruntime.so.1.x
+// Run: gradle :desktop:test -PmtpkitExport=DIR -PmtpkitExportQuantized=QDIR -PmtpkitCli=.venv/bin/mtpkit
+//      -PortLib=.../libonnxruntime.so.1.x  (QDIR: an int8-target / int4-drafter export, as android_demo/test.sh makes)
 plugins { alias(libs.plugins.kotlin.jvm) }
 
 kotlin { jvmToolchain(17) }
@@ -13,6 +14,7 @@ dependencies {
 tasks.test {
     useJUnitPlatform()
     systemProperty("mtpkit.export", providers.gradleProperty("mtpkitExport").getOrElse(""))
+    systemProperty("mtpkit.exportQuantized", providers.gradleProperty("mtpkitExportQuantized").getOrElse(""))
     systemProperty("mtpkit.cli", providers.gradleProperty("mtpkitCli").getOrElse(""))
     systemProperty("mtpkit.ortLib", providers.gradleProperty("ortLib").getOrElse(""))
 }

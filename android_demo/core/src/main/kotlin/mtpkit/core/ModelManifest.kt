@@ -31,8 +31,18 @@ data class GraphFile(val file: String, val sha256: String, val dataFiles: Map<St
 
 data class KvLayer(val layer: Int, val type: String, val kvHeads: Int, val headDim: Int)
 
-/** The host embedding table the ONNX target graph also uses (backends.onnx.options.embedding). */
-data class EmbeddingTable(val file: String, val offset: Long, val rows: Int, val cols: Int, val scale: Float)
+/**
+ * The host embedding table the ONNX target graph also uses (backends.onnx.options.embedding): float32 or float16
+ * rows at [offset], or, for int8 / int4 exports, the blockwise codes and scales the graph's GatherBlockQuantized
+ * reads ([blocks]).
+ */
+data class EmbeddingTable(val file: String, val offset: Long, val rows: Int, val cols: Int, val scale: Float,
+                          val dtype: String = "float32", val blocks: QuantBlocks? = null)
+
+/** MatMulNBits layout: codes uint8 [rows, nBlocks, blockSize * bits / 8] (int4: low nibble first), then scales
+ *  [rows, nBlocks]; value = (code - zeroPoint) * scale. */
+data class QuantBlocks(val bits: Int, val blockSize: Int, val nBlocks: Int, val zeroPoint: Int, val dataOffset: Long,
+                       val scalesOffset: Long, val scalesDtype: String)
 
 data class OnnxBackend(
     val graphs: Map<String, GraphFile>,
@@ -123,13 +133,10 @@ data class ModelManifest(
                     "re-export with --backend onnx")
             }
             val b = backends.obj("onnx")
-            val e = b.obj("options").obj("embedding")
-            if (e.string("dtype") != "float32") throw ManifestError("embedding table dtype ${e.string("dtype")} is not float32; re-export the model")
-            val shape = e.list("shape").map { (it as Number).toInt() }
             return OnnxBackend(
                 graphs = b.obj("graphs").map.entries.associate { (name, g) -> name as String to Fields(g as Map<*, *>).graphFile() },
                 signatures = b.obj("signatures").map.entries.associate { (name, s) -> name as String to Fields(s as Map<*, *>).signature() },
-                embedding = EmbeddingTable(e.string("file"), e.optLong("offset") ?: 0L, shape[0], shape[1], e.double("scale").toFloat()),
+                embedding = b.obj("options").obj("embedding").embeddingTable(),
             )
         }
 
@@ -174,6 +181,23 @@ private class Fields(val map: Map<*, *>) {
     fun optString(key: String) = map[key] as? String
     fun optLong(key: String) = (map[key] as? Number)?.toLong()
     fun optInt(key: String) = (map[key] as? Number)?.toInt()
+
+    fun embeddingTable(): EmbeddingTable {
+        val dtype = string("dtype")
+        val shape = list("shape").map { (it as Number).toInt() }
+        val blocks = when (dtype) {
+            "float32", "float16" -> null
+            "int8", "int4" -> obj("scales").let { s ->
+                val scalesDtype = s.string("dtype")
+                if (scalesDtype !in setOf("float32", "float16")) throw ManifestError("embedding scales dtype $scalesDtype is not supported")
+                QuantBlocks(int("bits"), int("block_size"), obj("data").list("shape").let { (it[1] as Number).toInt() },
+                    int("zero_point"), obj("data").optLong("offset") ?: 0L, s.optLong("offset") ?: 0L, scalesDtype)
+            }
+            else -> throw ManifestError("embedding table dtype $dtype is not supported by this app (float32, float16, " +
+                "int8, int4); update the app or re-export the model")
+        }
+        return EmbeddingTable(string("file"), optLong("offset") ?: 0L, shape[0], shape[1], double("scale").toFloat(), dtype, blocks)
+    }
 
     fun kvLayer() = KvLayer(int("layer"), string("type"), int("kv_heads"), int("head_dim"))
 
