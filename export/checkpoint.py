@@ -6,14 +6,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+from mtpkit.errors import CheckpointError
+
+# what a hub download fetches: never code (*.py) nor pickles (*.bin, *.pt), even by accident of a wildcard
+CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
 # Files next to the weights that travel with an export (and with the gemma4-layout copy made for LiteRT).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 HF_SIDE_FILES = (*TOKENIZER_FILES, "generation_config.json")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message says what is wrong and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,13 @@ def resolve(ref: str, role: str, revision: str | None = None) -> Source:
     if not cfg_path.is_file():
         raise CheckpointError(f"{role} checkpoint {folder} has no config.json; pass an HF checkpoint folder")
     try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from e
+    except OSError as e:
+        raise CheckpointError(f"{cfg_path} cannot be read ({e.strerror}); check its permissions") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{cfg_path} holds a JSON {type(config).__name__}, not an HF config object")
     return Source(folder=folder, ref=ref, revision=rev, config=config)
 
 
@@ -70,7 +73,12 @@ def _download(repo_id: str, role: str, revision: str | None) -> tuple[Path, str 
 def safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index} is damaged (no readable weight_map); re-download the checkpoint") from e
+        if not all(isinstance(n, str) and n and "/" not in n and "\\" not in n and n != ".." for n in names):
+            raise CheckpointError(f"{index} names a weight file outside {folder}; re-download the checkpoint")
         files = [folder / n for n in names]
     else:
         files = sorted(folder.glob("*.safetensors"))
@@ -81,19 +89,46 @@ def safetensors_files(folder: Path) -> list[Path]:
     missing = [f for f in files if not f.is_file()]
     if missing:
         raise CheckpointError(f"{folder} is missing weight shard {missing[0].name}; re-download the checkpoint")
+    for f in files:
+        check_safetensors(f)
     return files
+
+
+def check_safetensors(path: Path) -> None:
+    """Refuse a truncated or garbled .safetensors file by name, from its header alone (8-byte length, JSON
+    header, data offsets that must end exactly at the end of the file), before torch or safetensors reads it."""
+    size = path.stat().st_size
+    damaged = f"{path} is damaged or truncated ({size} bytes"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 2 <= length <= size - 8:
+            raise CheckpointError(f"{damaged}, no valid safetensors header); re-download the checkpoint")
+        try:
+            header = json.loads(f.read(length))
+            end = max([t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"], default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+            raise CheckpointError(f"{damaged}, unreadable safetensors header); re-download the checkpoint") from None
+    if not isinstance(end, int) or isinstance(end, bool) or 8 + length + end != size:
+        described = f"its header describes {8 + length + end} bytes" if isinstance(end, int) else "bad data offsets"
+        raise CheckpointError(f"{damaged}, {described}); re-download the checkpoint")
 
 
 def load_tensors(folder: Path, prefix: str, strip: str) -> dict:
     """Load every tensor whose key starts with prefix, renaming prefix to strip."""
     from safetensors import safe_open
 
+    from safetensors import SafetensorError
+
     state = {}
     for f in safetensors_files(folder):
-        with safe_open(str(f), framework="pt") as sf:
-            for key in sf.keys():
-                if key.startswith(prefix):
-                    state[strip + key[len(prefix):]] = sf.get_tensor(key)
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():
+                    if key.startswith(prefix):
+                        state[strip + key[len(prefix):]] = sf.get_tensor(key)
+        except SafetensorError as e:  # what the header check above cannot see, e.g. overlapping offsets
+            raise CheckpointError(f"{f} is damaged ({e}); re-download the checkpoint") from e
     return state
 
 

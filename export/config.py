@@ -6,6 +6,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtpkit.errors import UsageError
 from mtpkit.extras import require
 
 from mtpkit.runtime.roles import BACKENDS
@@ -41,7 +42,7 @@ class ExportConfig:
         object.__setattr__(self, "backend", backends)
         for b in backends:
             if b not in BACKENDS:
-                raise ValueError(f"unknown backend {b!r}{_did_you_mean(b, BACKENDS)}; choose from {', '.join(BACKENDS)}")
+                raise UsageError(f"unknown backend {b!r}{_did_you_mean(b, BACKENDS)}; choose from {', '.join(BACKENDS)}")
         self._check_quant(backends)
         for b in backends:
             if BACKENDS[b].extra:
@@ -51,15 +52,15 @@ class ExportConfig:
         # role-table order (onnx first), each once
         object.__setattr__(self, "backend", tuple(b for b in BACKENDS if b in backends))
         if self.prefill_len < 1 or (self.num_draft is not None and self.num_draft < 1):
-            raise ValueError("--prefill-len and --num-draft must be >= 1")
+            raise UsageError("--prefill-len and --num-draft must be >= 1")
         if self.max_cache_len < 16:
-            raise ValueError(f"--max-cache-len must be at least 16, got {self.max_cache_len}")
+            raise UsageError(f"--max-cache-len must be at least 16, got {self.max_cache_len}")
         if self.reference_tokens < 1:
-            raise ValueError(f"--reference-tokens must be at least 1, got {self.reference_tokens}")
+            raise UsageError(f"--reference-tokens must be at least 1, got {self.reference_tokens}")
         if self.out.exists() and not self.force:
-            raise ValueError(f"output folder {self.out} already exists; pass --force to replace it or choose another --out")
+            raise UsageError(f"output folder {self.out} already exists; pass --force to replace it or choose another --out")
         if self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"output path {self.out} exists and is not a folder; choose another --out")
+            raise UsageError(f"output path {self.out} exists and is not a folder; choose another --out")
 
 
     def _check_quant(self, backends) -> None:
@@ -67,12 +68,12 @@ class ExportConfig:
         object.__setattr__(self, "drafter_quant", self.drafter_quant or self.quant)
         for flag, recipe in (("--quant", self.quant), ("--drafter-quant", self.drafter_quant)):
             if recipe not in QUANT_RECIPES:
-                raise ValueError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, QUANT_RECIPES)}; "
+                raise UsageError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, QUANT_RECIPES)}; "
                                  f"choose from {', '.join(QUANT_RECIPES)}")
         if self.block_size not in BLOCK_SIZES:
-            raise ValueError(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
+            raise UsageError(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
         if self.accuracy_level not in range(5):
-            raise ValueError(f"--accuracy-level must be 0-4, got {self.accuracy_level}")
+            raise UsageError(f"--accuracy-level must be 0-4, got {self.accuracy_level}")
 
 
 def _did_you_mean(value: str, choices) -> str:

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mtpkit.errors import MtpkitError
+
 log = logging.getLogger("mtpkit")
 
 # Minimum teacher-forced top-1 agreement of the target with float PyTorch, per recipe (the gate's default).
@@ -24,7 +26,7 @@ WIDER = {"int4": "int8", "int8": "fp16", "fp16": "fp32"}
 FIDELITY_FILE = "quant_fidelity.json"
 
 
-class QualityGateError(ValueError):
+class QualityGateError(MtpkitError, ValueError):
     """A quantized export missed its recipe's gate; the message names the recipe and the figure."""
 
 

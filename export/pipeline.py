@@ -14,14 +14,15 @@ from pathlib import Path
 import numpy as np
 
 from mtpkit import __version__
+from mtpkit.errors import UsageError
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
 
 from . import backends as backends_pkg
 from . import fidelity
 from . import reference as reference_lib
-from . import verify
+from . import outdir, verify
 from .backends import ExportJob
-from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve
+from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve, safetensors_files
 from .config import ExportConfig
 from .models import drafter_adapter, target_adapter
 from .scoped import import_quietly
@@ -42,9 +43,11 @@ def export_model(cfg: ExportConfig) -> Path:
     tad, dad = target_adapter(target_src), drafter_adapter(drafter_src)
     dad.check_compatible(tad.hf_config(target_src), dad.hf_config(drafter_src))  # before loading any weights
     _check_tokenizer(target_src)
+    _check_files(cfg, tad.hf_config(target_src), target_src, drafter_src)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{cfg.out.name}.partial-", dir=cfg.out.parent))
+    lock, tmp = outdir.claim(cfg.out, cfg.force), None  # one writer per folder; removes a killed run's leftovers
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{cfg.out.name}.partial-", dir=cfg.out.parent))
         log.info("[1/5] loading target %s and drafter %s", cfg.target, cfg.drafter)
         job = _job(cfg, tmp, tad.load(target_src), dad.load(drafter_src), tad, dad, target_src, drafter_src)
         backends = {}
@@ -64,11 +67,17 @@ def export_model(cfg: ExportConfig) -> Path:
             log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",
                      cfg.quant, cfg.drafter_quant)
             manifest = _quantize(manifest, job)
+        manifest = _record_acceptance(manifest, tmp)
         log.info("[5/5] writing %s", cfg.out)
         _replace(tmp, cfg.out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if (full := outdir.disk_full(e, cfg.out)) is not None:
+            raise full from e
         raise
+    finally:
+        lock.release()
     log.info("export finished in %.1f s", time.time() - started)
     return cfg.out
 
@@ -92,6 +101,26 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     manifest = dataclasses.replace(manifest, backends=backends)
     manifest.save(job.folder)
     fidelity.check(manifest, job.target, float_figures, job.cfg.quality_gate)
+    return manifest
+
+
+def _record_acceptance(manifest: Manifest, folder: Path, max_k: int = 8) -> Manifest:
+    """Acceptance of draft i given drafts 1..i-1 were accepted, for the exported (final) graphs: the runtime,
+    greedy, clean hand-off, k = max_k on the reference prompts. The prior of `--num-assistant-tokens auto`;
+    a position never reached is recorded as 0 (auto still probes it)."""
+    from mtpkit.runtime.bench import run_once
+    from mtpkit.runtime.engine import Engine, GenConfig
+    from mtpkit.runtime.stats import conditional_acceptance
+
+    engine = Engine(folder, threads=1)
+    reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
+    runs = [run_once(engine, p["prompt_ids"], GenConfig(max_new_tokens=len(p["greedy_ids"]), num_assistant_tokens=max_k,
+                                                         schedule="constant")) for p in reference["prompts"]]
+    acceptance = [round(a or 0.0, 4) for a in conditional_acceptance(runs, max_k)]
+    log.info("  drafter acceptance by position (greedy, k=%d, reference prompts): %s", max_k,
+             " ".join(f"{a:.2f}" for a in acceptance))
+    manifest = dataclasses.replace(manifest, generation={**manifest.generation, "acceptance_by_position": acceptance})
+    manifest.save(folder)
     return manifest
 
 
@@ -120,8 +149,26 @@ def _replace(tmp: Path, out: Path) -> None:
 
 
 def _check_tokenizer(src: Source) -> None:
-    if not (src.folder / "tokenizer.json").is_file():
+    from tokenizers import Tokenizer
+
+    path = src.folder / "tokenizer.json"
+    if not path.is_file():
         raise CheckpointError(f"target checkpoint {src.folder} has no tokenizer.json; mtpkit needs the fast tokenizer file")
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise CheckpointError(f"{path} is not a valid tokenizer.json ({(str(e).splitlines() or ['?'])[0][:200]}); "
+                              "re-download the checkpoint") from e
+
+
+def _check_files(cfg: ExportConfig, tcfg, target_src: Source, drafter_src: Source) -> None:
+    """What can be refused before the output folder is touched: damaged weight files, a cache longer than the
+    target's positions."""
+    for src in (target_src, drafter_src):
+        safetensors_files(src.folder)  # also checks each file's header and length
+    if cfg.max_cache_len > tcfg.max_position_embeddings:
+        raise UsageError(f"--max-cache-len {cfg.max_cache_len} exceeds the target's max_position_embeddings "
+                         f"({tcfg.max_position_embeddings}); choose at most that")
 
 
 def _manifest(job: ExportJob, target_src: Source, drafter_src: Source, backends: dict, tokenizer: dict,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mtpkit.errors import MtpkitError
+
 ATOL = 1e-4
 
 
@@ -27,8 +29,8 @@ class GraphCheck:
         return self.max_abs <= self.tolerance and self.argmax_agree == 1.0
 
 
-class GraphParityError(RuntimeError):
-    pass
+class GraphParityError(MtpkitError, RuntimeError):
+    """An exported graph does not match PyTorch; the export is refused and removed."""
 
 
 def _compare(name: str, got: np.ndarray, want: np.ndarray, logits: bool = True) -> GraphCheck:

@@ -43,19 +43,21 @@ def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **opti
 def load(export_dir: str | Path, backend: str | None = None, threads: int | None = None) -> Model:
     """Open an export folder: checks every graph against its sha256, opens the sessions, preallocates the KV cache.
 
-    backend: "onnx" | "litert" (default: onnx when the export has it); threads: intra-op threads (default: all cores).
+    backend: "onnx" | "litert" (default: onnx when the export has it); threads: intra-op threads (default: per
+    graph, the faster of 1 and all cores, timed when the export opens).
     """
     from mtpkit.runtime.engine import Engine
 
     return Model(Engine(export_dir, threads, backend))
 
 
-def gen_config(max_new_tokens: int = 64, mtp: bool = True, num_draft: int | None = None, temperature: float = 0.0,
+def gen_config(max_new_tokens: int = 64, mtp: bool = True, num_draft: int | str | None = None, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> GenConfig:
     """The runtime's GenConfig for Model's keyword arguments; raises ValueError for a bad value.
 
     mtp=False decodes without the drafter on the same target graph; num_draft is the draft length k per round
-    (None: the drafter's generation_config, recorded in the manifest); temperature 0 is greedy. Sampling is
+    (None or "auto": chosen each round by the cost model from measured call costs and observed acceptance, plain
+    decoding when drafting does not pay); temperature 0 is greedy. Sampling is
     lossless: with or without mtp the output follows the target's distribution (greedy: identical tokens).
     """
     from mtpkit.runtime.engine import GenConfig
@@ -84,14 +86,14 @@ class Model:
         self.engine = engine  # manifest, sessions, KV cache and codec (mtpkit.runtime.engine.Engine)
         self.last_stats: dict | None = None  # Stats.summary() of the latest run, also one stopped early
 
-    def generate(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_draft: int | None = None,
+    def generate(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_draft: int | str | None = None,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  chat: bool = False) -> Generation:
         """Generate a continuation of `prompt`; chat=True wraps it as one user turn in the chat template."""
         cfg = gen_config(max_new_tokens, mtp, num_draft, temperature, top_k, top_p, seed)
         return self._generation(self.engine.codec.encode(prompt, chat=chat), cfg)
 
-    def stream(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_draft: int | None = None,
+    def stream(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_draft: int | str | None = None,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                chat: bool = False) -> Iterator[str]:
         """Like generate, but yields text deltas as tokens arrive; joined they equal generate's text.

@@ -6,12 +6,15 @@ Subcommand modules are imported lazily so that runtime commands never import tor
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import sys
+import traceback
 
 from . import __version__
-from .extras import MissingExtraError, require
+from .errors import MtpkitError
+from .extras import require
 
 # name -> (module, one-line help, extra it needs or None); each module has add_arguments(parser, name) and
 # run(args) -> int. Modules import only the standard library at the top, so every --help works in the
@@ -49,13 +52,33 @@ EPILOG = """examples:
 """
 
 
-class CommandError(Exception):
+# Exit codes: 0 ok, 1 a check failed (parity), 2 a user error (one line on stderr), 70 a bug in mtpkit (traceback).
+BUG_EXIT = 70  # EX_SOFTWARE in sysexits.h
+BUG_LINE = ("this is a bug in mtpkit {version}, not in your input; please report it with the traceback above "
+            "and the command you ran")
+
+
+class CommandError(MtpkitError):
     """Raised by subcommands for a one-line user-facing failure."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block) and did-you-mean for misspelt choices."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def _check_value(self, action, value):
+        if action.choices is not None and value not in action.choices:
+            choices = [str(c) for c in action.choices]
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint}; choose from {', '.join(choices)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mtpkit", description=DESCRIPTION,
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="mtpkit", description=DESCRIPTION,
+                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"mtpkit {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only print errors and results")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -67,11 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at emit time (not the stream of the first call), so main() can run
+    repeatedly in one process, e.g. under pytest's capture, without writing to a closed stream."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
 def _configure_logging(quiet: bool) -> None:
     """Progress lines from mtpkit only; other libraries stay at their defaults."""
     log = logging.getLogger("mtpkit")
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("mtpkit: %(message)s"))
         log.addHandler(handler)
     log.setLevel(logging.WARNING if quiet else logging.INFO)
@@ -93,9 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mtpkit: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, CommandError, MissingExtraError) as e:  # user errors: one line, no traceback
-        print(f"mtpkit {args.command}: error: {e}", file=sys.stderr)
+    except (MtpkitError, OSError) as e:  # the user's input or environment (files, permissions, disk): one line
+        print(f"mtpkit {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except Exception:  # anything else is mtpkit's fault: keep the traceback and say so
+        traceback.print_exc()
+        print(f"mtpkit {args.command}: internal error: " + BUG_LINE.format(version=__version__), file=sys.stderr)
+        return BUG_EXIT
+
+
+def one_line(e: BaseException) -> str:
+    """The message of e on one line (some libraries' messages span several)."""
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return text or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from .errors import MtpkitError
+
 # extra -> top-level modules it provides (as in pyproject.toml's [project.optional-dependencies])
 EXTRAS = {
     "export": ("torch", "transformers", "onnx", "onnxscript", "safetensors"),
@@ -15,7 +17,7 @@ EXTRAS = {
 }
 
 
-class MissingExtraError(ImportError):
+class MissingExtraError(MtpkitError, ImportError):
     """A feature needs an optional extra that is not installed; the message says which one to install."""
 
 

@@ -1,29 +1,103 @@
-"""`mtpkit bench`: speculative vs plain decoding on the same graphs, interleaved, ratios from one run.
+"""`mtpkit bench`: plain, auto and every draft length k on the same graphs, interleaved; predicted vs measured.
 
-Speed is reported, never asserted: on a shared machine absolute numbers are noise, the ratio of interleaved
-runs much less so.
+Per prompt, each repeat runs plain decoding, the default schedule (auto) and constant k = 1..max_k back to back,
+so their ratios come from one stretch of machine time. The prediction is the cost model (runtime/cost_model.py)
+fed with this prompt's measured per-call costs and host overhead and its conditional acceptance by position.
+Speed is reported, never asserted: on a shared machine absolute numbers are noise, interleaved ratios less so.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from mtpkit.errors import UsageError
+
+from .auto import CostMeter, TimedDrafter, TimedTarget
+from .cost_model import best_k, predict
 from .engine import Engine, GenConfig
-from .stats import Stats
+from .stats import Stats, conditional_acceptance
+
+CATEGORIES = ("code", "structured", "rewrite", "prose")
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    category: str  # code | structured | rewrite | prose, or any name a --prompts file gives
+    name: str
+    text: str | None = None
+    ids: tuple[int, ...] | None = None  # token ids instead of text (the export's reference prompts)
+
+
+# The tiny pair learnt Python source, so every category is written as code or its comments and docstrings.
+PROMPTS = (
+    BenchPrompt("code", "fib", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+    BenchPrompt("code", "class", "class LRUCache:\n    def __init__(self, capacity):\n"),
+    BenchPrompt("structured", "json", '{"name": "mtpkit", "version": "0.1.0", "dependencies": ['),
+    BenchPrompt("structured", "dict", 'DEFAULTS = {\n    "host": "localhost",\n    "port": 8080,\n'),
+    BenchPrompt("rewrite", "comprehension", "# Rewrite as a list comprehension:\nresult = []\nfor x in items:\n"
+                "    if x > 0:\n        result.append(x * 2)\n"),
+    BenchPrompt("rewrite", "summary", '"""Summarize what the function below does in one sentence.\n\n'),
+    BenchPrompt("prose", "module", '"""This module provides'),
+    BenchPrompt("prose", "story", "Once upon a time, "),
+)
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    repeats: int = 3  # interleaved plain/speculative runs per prompt; the median is reported
+    repeats: int = 3  # interleaved runs of every mode per prompt; the median is reported
     max_new_tokens: int = 64
-    num_assistant_tokens: int | None = None
+    max_k: int = 8  # constant draft lengths 1..max_k are measured and predicted
+    num_assistant_tokens: int | str | None = None  # the "speculative" column: auto unless a k or schedule is given
     schedule: str | None = None
 
     def __post_init__(self):
         if self.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1 (got {self.repeats})")
+            raise UsageError(f"--repeats must be >= 1 (got {self.repeats})")
+        if self.max_k < 1:
+            raise UsageError(f"--max-k must be >= 1 (got {self.max_k})")
+        self.spec_config()  # GenConfig's own checks: k, schedule, max_new_tokens
+
+    def spec_config(self) -> GenConfig:
+        return GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=self.num_assistant_tokens,
+                         schedule=self.schedule)
+
+    def modes(self) -> dict:
+        """Every mode a repeat runs: plain, the speculative column, then constant k = 1..max_k."""
+        modes = {"plain": GenConfig(max_new_tokens=self.max_new_tokens, mtp=False), "spec": self.spec_config()}
+        modes.update({k: GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=k, schedule="constant")
+                      for k in range(1, self.max_k + 1)})
+        return modes
+
+
+def load_prompts(path: str | Path) -> list[BenchPrompt]:
+    """A JSONL file, one {"category": ..., "prompt": ..., "name": optional} object per line (blank lines skipped).
+
+    Raises:
+        UsageError: naming the file and line of the first bad entry.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--prompts {path}: no such file")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path}:{n}: not valid JSON ({e.msg}); each line is one JSON object") from None
+        if not isinstance(entry, dict) or not all(isinstance(entry.get(f), str) and entry[f] for f in ("category",
+                                                                                                        "prompt")):
+            raise UsageError(f'{path}:{n}: needs non-empty string fields "category" and "prompt", e.g. '
+                             '{"category": "code", "prompt": "def f(x):"}')
+        prompts.append(BenchPrompt(entry["category"], str(entry.get("name") or f"line{n}"), entry["prompt"]))
+    if not prompts:
+        raise UsageError(f"{path}: no prompts in the file")
+    return prompts
 
 
 def run_once(engine: Engine, ids: list[int], cfg: GenConfig) -> Stats:
@@ -34,36 +108,151 @@ def run_once(engine: Engine, ids: list[int], cfg: GenConfig) -> Stats:
     return stats
 
 
-def bench_prompt(engine: Engine, name: str, ids: list[int], cfg: BenchConfig) -> dict:
-    spec_cfg = GenConfig(max_new_tokens=cfg.max_new_tokens, num_assistant_tokens=cfg.num_assistant_tokens,
-                         schedule=cfg.schedule)
-    plain_cfg = GenConfig(max_new_tokens=cfg.max_new_tokens, mtp=False)
-    run_once(engine, ids, spec_cfg)  # warm-up: first calls pay allocation and kernel selection
-    plain, spec = [], []
-    for _ in range(cfg.repeats):
-        plain.append(run_once(engine, ids, plain_cfg))
-        spec.append(run_once(engine, ids, spec_cfg))
-    decode_s = lambda s: s.total_s - s.ttft_s  # noqa: E731 - decode phase only; prefill is the same graph call
-    p_ms = statistics.median(1e3 * decode_s(s) / max(1, s.new_tokens - 1) for s in plain)
-    s_ms = statistics.median(1e3 * decode_s(s) / max(1, s.new_tokens - 1) for s in spec)
+def ms_per_token(stats: Stats) -> float:
+    """Decode phase only: the prefill is the same graph call in every mode."""
+    return 1e3 * (stats.total_s - stats.ttft_s) / max(1, stats.new_tokens - 1)
+
+
+@contextmanager
+def metered(engine: Engine, meter: CostMeter):
+    """Time the engine's calls into `meter` too (a median-mode meter: the whole bench of one prompt)."""
+    saved = engine.target, engine.drafter
+    engine.target, engine.drafter = TimedTarget(saved[0], meter), TimedDrafter(saved[1], meter)
+    try:
+        yield meter
+    finally:
+        engine.target, engine.drafter = saved
+
+
+def measure(engine: Engine, ids: list[int], modes: dict, repeats: int, progress=None) -> tuple[dict, CostMeter]:
+    """Runs of every mode, interleaved per repeat: {mode: [Stats per repeat]} and the meter of all their calls."""
+    runs = {mode: [] for mode in modes}
+    with metered(engine, CostMeter(alpha=None)) as meter:
+        for rep in range(repeats):
+            for mode, cfg in modes.items():
+                if progress:
+                    progress(f"{'k=' if isinstance(mode, int) else ''}{mode} ({rep + 1}/{repeats})")
+                runs[mode].append(run_once(engine, ids, cfg))
+    return runs, meter
+
+
+def sweep_prompt(engine: Engine, prompt: BenchPrompt, cfg: BenchConfig, progress=None) -> dict:
+    """Predicted and measured speed-up over plain decoding for k = 1..max_k and the speculative column (auto).
+
+    Returns one JSON-ready row: ks[i] = {k, predicted_speedup, measured_speedup, ...}, chosen_k (the cost
+    model's pick on this prompt's measured costs and acceptance; 0 = plain), spec (the auto run), costs.
+    """
+    ids = list(prompt.ids) if prompt.ids else engine.codec.encode(prompt.text)
+    runs, meter = measure(engine, ids, cfg.modes(), cfg.repeats, progress)
+    ks = list(range(1, cfg.max_k + 1))
+    acceptance = conditional_acceptance([s for k in ks for s in runs[k]], cfg.max_k)
+    acc = _filled(acceptance)
+    costs = meter.costs(cfg.max_k + 1)
+    plain = statistics.median(ms_per_token(s) for s in runs["plain"])
+    rows = []
+    for pred in predict(costs, acc, ks):
+        measured = statistics.median(ms_per_token(s) for s in runs[pred["k"]])
+        last = runs[pred["k"]][-1]
+        rows.append({"k": pred["k"], "predicted_speedup": pred["speedup"], "measured_speedup": plain / measured,
+                     "predicted_ms_per_token": pred["ms_per_token"], "measured_ms_per_token": measured,
+                     "predicted_tokens_per_round": pred["tokens_per_round"],
+                     "measured_tokens_per_round": (last.new_tokens - 1) / max(1, last.target_calls - 1)})
+    row = {"prompt": prompt.name, "category": prompt.category, "prompt_tokens": len(ids)}
+    row.update(_spec_columns(runs["spec"], plain))
+    row.update({"chosen_k": best_k(costs, acc, cfg.max_k), "acceptance_by_position": acceptance, "ks": rows,
+                "predicted_plain_ms_per_token": predict(costs, acc, [0])[0]["ms_per_token"],
+                "costs_ms": {"draft": 1e3 * costs.draft, "target": [1e3 * t for t in costs.target],
+                             "round_host": 1e3 * costs.round_host, "draft_host": 1e3 * costs.draft_host,
+                             "plain_host": 1e3 * costs.plain_host}})
+    return row
+
+
+def _filled(acceptance: list) -> list[float]:
+    """Positions no run reached borrow the one before (0 when none was reached)."""
+    out, prev = [], 0.0
+    for a in acceptance:
+        prev = prev if a is None else a
+        out.append(prev)
+    return out
+
+
+def _spec_columns(spec: list[Stats], plain_ms: float) -> dict:
+    """The speculative column (auto by default) as the bench has always reported it, plus the k it used."""
+    s_ms = statistics.median(ms_per_token(s) for s in spec)
     last = spec[-1].summary()
-    return {"prompt": name, "prompt_tokens": len(ids), "new_tokens": spec[-1].new_tokens,
-            "plain_ms_per_token": p_ms, "speculative_ms_per_token": s_ms, "speedup": p_ms / s_ms if s_ms else None,
-            "acceptance_rate": last["acceptance_rate"], "acceptance_by_position": last["acceptance_by_position"],
+    rounds = max(1, last["target_calls"] - 1)  # decode-phase target calls: one per round, plain rounds included
+    return {"new_tokens": last["new_tokens"], "plain_ms_per_token": plain_ms, "speculative_ms_per_token": s_ms,
+            "speedup": plain_ms / s_ms if s_ms else None, "acceptance_rate": last["acceptance_rate"],
             "tokens_per_target_call": last["tokens_per_target_call"], "drafter_calls": last["drafter_calls"],
-            "target_calls": last["target_calls"]}
+            "target_calls": last["target_calls"], "spec_mean_k": last["drafted"] / rounds,
+            "spec_plain_rounds": rounds - last["rounds"]}
 
 
-def run_bench(export_dir, cfg: BenchConfig, prompts: list[str] | None = None, threads: int | None = None,
-              backend: str | None = None) -> dict:
-    """Bench the given prompts, or the export's reference prompts when none are given."""
+def bench_prompt(engine: Engine, name: str, ids: list[int], cfg: BenchConfig) -> dict:
+    """Plain vs the configured speculative mode only (no k sweep), with the cost model's prediction for it.
+
+    Returns the row of sweep_prompt without `ks`; predicted_speedup is for the configured constant k, or for
+    the cost model's best k under auto / heuristic.
+    """
+    modes = {"plain": GenConfig(max_new_tokens=cfg.max_new_tokens, mtp=False), "spec": cfg.spec_config()}
+    run_once(engine, ids, modes["spec"])  # warm-up: first calls pay allocation and kernel selection
+    runs, meter = measure(engine, ids, modes, cfg.repeats)
+    k_max = max(cfg.max_k, *(d for s in runs["spec"] for d, _ in s.per_round), 1)
+    acc = _filled(conditional_acceptance(runs["spec"], k_max))
+    costs = meter.costs(k_max + 1)
+    k = cfg.num_assistant_tokens if isinstance(cfg.num_assistant_tokens, int) else best_k(costs, acc, k_max)
+    pred = predict(costs, acc, [k])[0]
+    row = {"prompt": name, "prompt_tokens": len(ids), **_spec_columns(runs["spec"], _median_ms(runs["plain"]))}
+    row.update({"predicted_k": k, "predicted_speedup": pred["speedup"], "acceptance_by_position":
+                runs["spec"][-1].summary()["acceptance_by_position"]})
+    return row
+
+
+def _median_ms(runs: list[Stats]) -> float:
+    return statistics.median(ms_per_token(s) for s in runs)
+
+
+def run_bench(export_dir, cfg: BenchConfig, prompts: list | None = None, threads: int | None = None,
+              backend: str | None = None, progress=None) -> dict:
+    """Bench the given prompts (texts or BenchPrompts), or the built-in set (PROMPTS) when none are given.
+
+    progress: optional callable(str) told what runs now (the CLI's stderr progress line).
+    """
     engine = Engine(export_dir, threads, backend)
-    if prompts:
-        items = [(f"prompt{i}", engine.codec.encode(p)) for i, p in enumerate(prompts)]
-    else:
-        ref = json.loads(engine.manifest.path(engine.manifest.reference["file"]).read_text())
-        items = [(p["name"], p["prompt_ids"]) for p in ref["prompts"]]
-    rows = [bench_prompt(engine, name, ids, cfg) for name, ids in items]
+    items = [p if isinstance(p, BenchPrompt) else BenchPrompt("custom", f"prompt{i}", p)
+             for i, p in enumerate(prompts or PROMPTS)]
+    first = list(items[0].ids) if items[0].ids else engine.codec.encode(items[0].text)
+    for mode_cfg in cfg.modes().values():  # warm-up: first calls of each length pay allocation
+        run_once(engine, first, mode_cfg)
+    rows = []
+    for i, prompt in enumerate(items):
+        tell = (lambda what, i=i, p=prompt: progress(f"prompt {i + 1}/{len(items)} {p.category}/{p.name}: {what}")
+                ) if progress else None
+        rows.append(sweep_prompt(engine, prompt, cfg, tell))
     speedups = [r["speedup"] for r in rows if r["speedup"]]
-    return {"config": cfg.__dict__, "backend": engine.backend.kind, "threads": threads, "rows": rows,
+    return {"config": asdict(cfg), "backend": engine.backend.kind, "threads": _threads(engine),
+            "rows": rows, "categories": summarize(rows, cfg.max_k),
             "median_speedup": statistics.median(speedups) if speedups else None}
+
+
+def _threads(engine: Engine):
+    session = getattr(engine._raw[0], "session", None)
+    return getattr(session, "threads", None)
+
+
+def summarize(rows: list[dict], max_k: int) -> dict:
+    """Per category (and "all"): median predicted and measured speed-up per k, of auto, and the chosen k."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["category"], []).append(r)
+    groups["all"] = rows
+    out = {}
+    for name, group in groups.items():
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        out[name] = {"prompts": len(group), "speedup": med([r["speedup"] for r in group if r["speedup"]]),
+                     "chosen_k": [r["chosen_k"] for r in group],
+                     "predicted": [med([r["ks"][k]["predicted_speedup"] for r in group]) for k in range(max_k)],
+                     "measured": [med([r["ks"][k]["measured_speedup"] for r in group]) for k in range(max_k)],
+                     "acceptance": [med([r["acceptance_by_position"][k] for r in group
+                                         if r["acceptance_by_position"][k] is not None]) for k in range(max_k)]}
+    return out

@@ -6,6 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from mtpkit.errors import MtpkitError, UsageError
+
+from .commands import draft_length
 from .roles import BACKENDS
 
 EPILOG = """Type a message and press Enter: the answer streams to stdout, then the same stats line as `mtpkit run`
@@ -24,13 +27,15 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.epilog = EPILOG
     p.add_argument("dir", type=Path, help="export folder written by 'mtpkit export'")
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer per turn")
-    p.add_argument("--num-assistant-tokens", "-k", type=int, default=None, help="draft length k per round")
+    p.add_argument("--num-assistant-tokens", "-k", type=draft_length, default=None,
+                   help="draft length k per round, or auto (the default)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None, help="reseeds every turn, so a replayed session repeats")
     p.add_argument("--no-mtp", dest="mtp", action="store_false", help="plain decoding, no drafter")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads (default: per graph, the faster of 1 and all cores, timed at start)")
     p.add_argument("--backend", default=None, help=f"{' | '.join(BACKENDS)} (default: onnx when the export has it)")
 
 
@@ -66,7 +71,11 @@ def _read_line() -> str | None:
     if sys.stdin.isatty():
         sys.stderr.write("> ")
         sys.stderr.flush()
-    line = sys.stdin.readline()
+    try:
+        line = sys.stdin.readline()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"the input is not valid UTF-8 ({e.reason} at byte {e.start} of the line); "
+                         "send UTF-8 text") from e
     text = line.rstrip("\r\n")
     return text if text.strip() else None
 
@@ -80,7 +89,7 @@ def _answer(model, history: list[dict], options: dict) -> str | None:
             parts.append(delta)
             sys.stdout.write(delta)
             sys.stdout.flush()
-    except ValueError as e:  # the session survives: the user can /reset and go on
+    except MtpkitError as e:  # the session survives: the user can /reset and go on
         if parts:
             print(flush=True)
         print(f"mtpkit chat: {e}; type /reset to clear the history", file=sys.stderr, flush=True)

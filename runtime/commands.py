@@ -7,44 +7,79 @@ import json
 import sys
 from pathlib import Path
 
+from mtpkit.errors import UsageError
+
 from .roles import BACKENDS
 
 RUN_EPILOG = """Streams text as it is produced; --json prints prompt ids, output ids, text and stats instead.
 Greedy by default (output identical to transformers). With --temperature > 0 drafts are sampled from the
 drafter's processed distribution and accepted with the rejection rule, so samples follow the target's own
-distribution exactly. Defaults for --num-assistant-tokens and --schedule come from the drafter's
-generation_config recorded in the manifest.
+distribution exactly. By default the draft length is auto: chosen each round by a cost model from the
+measured cost of each call and the acceptance seen so far, including plain decoding when drafting does not pay.
+Give -k N and/or --schedule constant|heuristic for a fixed rule (the missing one comes from the drafter's
+generation_config recorded in the manifest); that rule is also the default for seeded sampling (--seed with
+--temperature > 0), whose samples would otherwise depend on timing through the rounds auto chooses.
 
 examples:
   mtpkit run DIR --prompt "def fib(n):" --max-new-tokens 64
   mtpkit run DIR --prompt "Write a haiku" --chat --temperature 0.8 --top-p 0.95 --seed 1
   mtpkit run DIR --prompt "hello" --no-mtp --json
+  mtpkit run DIR --prompt "def fib(n):" -k 4 --schedule constant
 """
+
+BENCH_EPILOG = """Per prompt, each repeat runs plain decoding, auto (or the given -k/--schedule) and constant
+k = 1..--max-k back to back; prints the cost model's predicted speed-up beside the measured one for every k, per category.
+Without --prompt/--prompts, benchmarks a built-in set (code, structured, rewrite, prose). A --prompts file has
+one JSON object per line: {"category": "code", "prompt": "def f(x):", "name": "optional"}.
+
+examples:
+  mtpkit bench DIR --out out/bench
+  mtpkit bench DIR --prompts prompts.jsonl --max-k 6 --repeats 5
+"""
+
+
+def draft_length(text: str) -> int | str:
+    """-k: a positive integer or 'auto' (checked again by GenConfig, which names the flag)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto' (got {text!r})") from None
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("dir", type=Path, help="export folder written by 'mtpkit export'")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads (default: per graph, the faster of 1 and all cores, timed at start)")
     p.add_argument("--backend", default=None, help=f"{' | '.join(BACKENDS)} (default: onnx when the export has it)")
     if name == "parity":
         p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
         return
     if name == "bench":
-        p.epilog = "Without --prompt, benchmarks the export's reference prompts. Reports ratios from one run."
-        p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+        p.epilog = BENCH_EPILOG
+        p.add_argument("--prompt", action="append", help="prompt text (repeatable; category 'custom')")
+        p.add_argument("--prompts", type=Path, help="JSONL file of {category, prompt[, name]} objects")
         p.add_argument("--repeats", type=int, default=3, help="interleaved runs per prompt (median reported)")
         p.add_argument("--max-new-tokens", type=int, default=64)
-        p.add_argument("--num-assistant-tokens", "-k", type=int, default=None)
-        p.add_argument("--schedule", default=None, help="constant | heuristic")
+        p.add_argument("--max-k", type=int, default=8, help="measure and predict constant k = 1..MAX_K")
+        p.add_argument("--num-assistant-tokens", "-k", type=draft_length, default=None,
+                       help="the speculative column: auto (default) or a fixed k")
+        p.add_argument("--schedule", default=None, help="constant | heuristic | auto")
+        p.add_argument("--out", type=Path, help="write bench.json, bench.md and bench.png to this folder")
         p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
         return
     p.epilog = RUN_EPILOG
-    p.add_argument("--prompt", required=True, help="prompt text")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text")
+    source.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 text file")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--num-assistant-tokens", "-k", type=int, default=None, help="draft length k per round")
-    p.add_argument("--schedule", default=None, help="constant | heuristic (+2 after a fully accepted round, -1 otherwise)")
-    p.add_argument("--draft-cap", type=int, default=16, help="largest k the heuristic schedule may reach")
+    p.add_argument("--num-assistant-tokens", "-k", type=draft_length, default=None,
+                   help="draft length k per round, or auto (default: auto unless --schedule is given)")
+    p.add_argument("--schedule", default=None,
+                   help="constant | heuristic (+2 after a fully accepted round, -1 otherwise) | auto")
+    p.add_argument("--draft-cap", type=int, default=16, help="largest k the heuristic and auto schedules may reach")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -67,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = GenConfig(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_assistant_tokens=args.num_assistant_tokens,
                     schedule=args.schedule, draft_cap=args.draft_cap, kv_handoff=args.kv_handoff,
                     sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
+    prompt = prompt_text(args.prompt, args.prompt_file)  # before the export opens: bad input fails fast
     engine = Engine(args.dir, args.threads, args.backend)
-    prompt_ids = engine.codec.encode(args.prompt, chat=args.chat)
+    prompt_ids = engine.codec.encode(prompt, chat=args.chat)
     stats, out = Stats(), []
     stream = StreamDecoder(engine.codec)
     for token, _ in engine.generate(prompt_ids, cfg, stats):
@@ -85,6 +121,25 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(_stats_line(summary, cfg.mtp) + "\n")
         sys.stderr.flush()
     return 0
+
+
+def prompt_text(text: str | None, path: Path | None) -> str:
+    """The prompt of --prompt or --prompt-file; refused when empty or when the file is not valid UTF-8."""
+    flag = "--prompt"
+    if path is not None:
+        flag = f"--prompt-file {path}"
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise UsageError(f"{flag}: cannot read it ({e.strerror})") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{flag} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                             "save it as UTF-8") from None
+    if not text:
+        raise UsageError(f"{flag} is empty; pass some text")
+    return text
 
 
 def _stats_line(s: dict, mtp: bool) -> str:
@@ -113,23 +168,28 @@ def _parity(args) -> int:
 
 
 def _bench(args) -> int:
-    from .bench import BenchConfig, run_bench
+    from .bench import BenchConfig, load_prompts, run_bench
+    from .bench_report import Progress, write_report
 
-    cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens,
+    cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens, max_k=args.max_k,
                       num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule)
-    report = run_bench(args.dir, cfg, args.prompt, args.threads, args.backend)
+    prompts = [*(load_prompts(args.prompts) if args.prompts else []), *(args.prompt or [])]
+    progress = Progress(getattr(args, "quiet", False))
+    try:
+        report = run_bench(args.dir, cfg, prompts, args.threads, args.backend, progress)
+    finally:
+        progress.close()
     if args.json_file:
         args.json_file.write_text(json.dumps(report, indent=2) + "\n")
+    notes = write_report(report, args.out) if args.out else []
     print_bench(report, args.repeats)
+    for note in notes:
+        print(f"mtpkit bench: {note}", file=sys.stderr)
     return 0
 
 
 def print_bench(report: dict, repeats: int) -> None:
-    print(f"{'prompt':<10} {'plain ms/tok':>12} {'spec ms/tok':>12} {'speedup':>8} {'accept':>7} {'tok/call':>8}")
-    for r in report["rows"]:
-        acc = f"{100 * r['acceptance_rate']:.0f}%" if r["acceptance_rate"] is not None else "-"
-        per_call = f"{r['tokens_per_target_call']:.2f}" if r["tokens_per_target_call"] else "-"
-        print(f"{r['prompt']:<10} {r['plain_ms_per_token']:>12.2f} {r['speculative_ms_per_token']:>12.2f} "
-              f"{r['speedup']:>7.2f}x {acc:>7} {per_call:>8}")
-    print(f"median speedup {report['median_speedup']:.2f}x ({report['backend']}, speculative vs plain on the same "
-          f"graphs, {repeats} interleaved repeats)")
+    """The bench table on stdout (mtpkit demo prints it too)."""
+    from .bench_report import print_bench as _print
+
+    _print(report, repeats)

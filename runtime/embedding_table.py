@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mtpkit.errors import ManifestError
+
 
 class QuantizedTable:
     """Memory-mapped int4 / int8 blockwise table; `row(token)` -> float32 [H]."""
@@ -19,7 +21,7 @@ class QuantizedTable:
         self.entry = entry
         self.bits = int(entry["bits"])
         if self.bits not in (4, 8):
-            raise ValueError(f"unsupported embedding bits {self.bits}")
+            raise ManifestError(f"unsupported embedding bits {self.bits}")
         self.block_size = int(entry["block_size"])
         self.vocab, self.hidden = (int(d) for d in entry["shape"])
         self.zero_point = int(entry["zero_point"])
@@ -31,7 +33,7 @@ class QuantizedTable:
         self.scales = np.memmap(path, dtype=np.dtype(s["dtype"]), mode="r", offset=int(s["offset"]),
                                 shape=tuple(int(x) for x in s["shape"]))
         if self.data.shape[0] != self.vocab or self.scales.shape[0] != self.vocab:
-            raise ValueError("embedding data / scales rows do not match shape")
+            raise ManifestError("embedding data / scales rows do not match shape; re-export the model")
 
     def __len__(self) -> int:
         return self.vocab

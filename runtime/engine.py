@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from mtpkit.errors import UsageError, check_int
+
+from .auto import AutoPolicy, CostMeter, TimedDrafter, TimedTarget, calibrate
 from .backends import open_backend
 from .handoff import HANDOFF_MODES
 from .manifest import load_manifest
@@ -19,61 +22,98 @@ from .tokenizer import TextCodec
 class GenConfig:
     max_new_tokens: int = 64
     mtp: bool = True  # False: plain decoding on the same target graph
-    num_assistant_tokens: int | None = None  # None: the drafter's generation_config value from the manifest
-    schedule: str | None = None  # constant | heuristic; None: from the manifest
+    # k per round, or "auto": chosen each round by the cost model. None: auto when schedule is None too, else the
+    # drafter's generation_config value from the manifest (so `--schedule heuristic` alone behaves as before)
+    num_assistant_tokens: int | str | None = None
+    schedule: str | None = None  # constant | heuristic | auto; None: auto unless a k is given, then the manifest's
     draft_cap: int = 16  # upper bound for the heuristic schedule
     kv_handoff: str = "clean"  # clean | hf (transformers' exact hand-off, for draft-by-draft comparison)
     sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1 (got {self.max_new_tokens})")
-        if self.num_assistant_tokens is not None and self.num_assistant_tokens < 1:
-            raise ValueError(f"--num-assistant-tokens must be >= 1 (got {self.num_assistant_tokens}); "
+        check_int("--max-new-tokens", self.max_new_tokens, 1)
+        if not isinstance(self.mtp, bool) or not isinstance(self.sampling, SamplingConfig):
+            raise UsageError(f"mtp must be a bool and sampling a SamplingConfig (got {self.mtp!r}, {self.sampling!r})")
+        k = self.num_assistant_tokens
+        if k is not None and k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise UsageError(f"--num-assistant-tokens must be >= 1 or 'auto' (got {k!r}); "
                              "use --no-mtp to disable drafting")
         if self.schedule is not None and self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+            raise UsageError(f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+        if (k == "auto" and self.schedule not in (None, "auto")) or (isinstance(k, int) and self.schedule == "auto"):
+            raise UsageError(f"--num-assistant-tokens {k} and --schedule {self.schedule} contradict each other: the "
+                             "auto schedule picks k itself; give one of them")
+        check_int("--draft-cap", self.draft_cap, 1)
         if self.kv_handoff not in HANDOFF_MODES:
-            raise ValueError(f"unknown --kv-handoff {self.kv_handoff!r}; use one of {', '.join(HANDOFF_MODES)}")
+            raise UsageError(f"unknown --kv-handoff {self.kv_handoff!r}; use one of {', '.join(HANDOFF_MODES)}")
+
+    @property
+    def auto(self) -> bool:
+        """Draft lengths chosen by the cost model: asked for, or neither a k nor a schedule was given. Not by
+        default for seeded sampling: where rounds split depends on call timings, so would the samples drawn."""
+        if not self.mtp or "auto" in (self.num_assistant_tokens, self.schedule):
+            return self.mtp
+        seeded = self.sampling.seed is not None and not self.sampling.greedy
+        return self.num_assistant_tokens is None and self.schedule is None and not seeded
 
 
 class Engine:
     def __init__(self, export_dir: str | Path, threads: int | None = None, backend: str | None = None):
+        if threads is not None:
+            check_int("--threads", threads, 1)
         self.manifest = load_manifest(export_dir)
-        self.target, self.drafter = open_backend(self.manifest, backend, threads)
+        self._raw = open_backend(self.manifest, backend, threads)  # (target, drafter) of the backend
+        self.meter = CostMeter()  # every call is timed (~1 us each): the auto schedule and `mtpkit bench` read it
+        self.target, self.drafter = TimedTarget(self._raw[0], self.meter), TimedDrafter(self._raw[1], self.meter)
         self.backend = self.manifest.backend(backend)
         self.kv = self.target.kv
         self.max_draft = self.target.max_draft
         self.codec = TextCodec(self.manifest)
+        self.policy: AutoPolicy | None = None  # the auto schedule's state, kept across runs (see auto_policy)
 
     def schedule(self, cfg: GenConfig) -> DraftSchedule:
+        if cfg.auto:
+            cap = cfg.draft_cap if self.max_draft is None else min(cfg.draft_cap, self.max_draft)
+            policy = self.auto_policy(cap)
+            return DraftSchedule("auto", policy.start(), cap, policy)
         gen = self.manifest.generation
         k = cfg.num_assistant_tokens or int(gen["num_assistant_tokens"])
         kind = cfg.schedule or gen.get("num_assistant_tokens_schedule", "constant")
         cap = max(cfg.draft_cap, k)
         if self.max_draft is not None:  # static verify length (LiteRT): k + 1 tokens must fit in it
             if k > self.max_draft:
-                raise ValueError(f"this {self.backend.kind} export verifies at most {self.max_draft} drafts per "
+                raise UsageError(f"this {self.backend.kind} export verifies at most {self.max_draft} drafts per "
                                  f"round; use --num-assistant-tokens <= {self.max_draft} or re-export with a longer verify")
             cap = min(cap, self.max_draft)
         return DraftSchedule(kind, k, cap)
 
+    def auto_policy(self, k_max: int) -> AutoPolicy:
+        """The engine's auto policy, created and calibrated (a few timed calls) on first use."""
+        if self.policy is None:
+            recorded = self.manifest.generation.get("acceptance_by_position") or ()  # the exporter's figure, if any
+            prior = [min(1.0, max(0.0, float(a))) for a in recorded]
+            self.policy = AutoPolicy(k_max, self.meter, prior=prior)
+            calibrate(*self._raw, self.meter, k_max)
+        self.policy.k_max = k_max
+        return self.policy
+
     def generate(self, prompt_ids: list[int], cfg: GenConfig, stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
         """Yields (token, from_draft); fills stats (timings, acceptance, calls) as it goes."""
         if not prompt_ids:
-            raise ValueError("the prompt is empty; pass some text")
+            raise UsageError("the prompt is empty; pass some text")
         needed = self.target.positions_needed(len(prompt_ids), cfg.max_new_tokens)
         if needed > self.kv.capacity:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + --max-new-tokens ({cfg.max_new_tokens}) exceeds the "
+            raise UsageError(f"prompt ({len(prompt_ids)} tokens) + --max-new-tokens ({cfg.max_new_tokens}) exceeds the "
                              f"export's KV capacity of {self.kv.capacity} tokens; shorten them or re-export with a "
                              "larger --max-cache-len")
         stats = stats if stats is not None else Stats()
         sampler = Sampler(cfg.sampling)
         eos = set(self.manifest.eos_ids)
+        schedule = self.schedule(cfg) if cfg.mtp else None  # before counting calls: auto may calibrate first
         t0, d0 = self.target.calls, self.drafter.calls
         if cfg.mtp:
-            tokens = speculative_generate(self.target, self.drafter, prompt_ids, sampler, self.schedule(cfg),
-                                          cfg.max_new_tokens, eos, cfg.kv_handoff, stats)
+            tokens = speculative_generate(self.target, self.drafter, prompt_ids, sampler, schedule, cfg.max_new_tokens,
+                                          eos, cfg.kv_handoff, stats)
         else:
             tokens = ((t, False) for t in plain_generate(self.target, prompt_ids, sampler, cfg.max_new_tokens, eos))
         try:

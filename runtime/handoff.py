@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtpkit.errors import UsageError
+
 HANDOFF_MODES = ("clean", "hf")
 
 
-class CacheFullError(ValueError):
-    pass
+class CacheFullError(UsageError):
+    """The prompt plus the tokens to generate do not fit the export's KV capacity."""
 
 
 @dataclass
@@ -33,7 +35,7 @@ def drafter_ranges(pos: int, mode: str, last: LastCall, sliding_past: int, slidi
     if mode == "clean":
         return {"full_attention": (0, pos), "sliding_attention": (max(0, pos - sliding_visible), pos)}
     if mode != "hf":
-        raise ValueError(f"unknown KV hand-off mode {mode!r}; use one of {', '.join(HANDOFF_MODES)}")
+        raise UsageError(f"unknown KV hand-off mode {mode!r}; use one of {', '.join(HANDOFF_MODES)}")
     length = pos + 1  # transformers slices the returned K/V to the committed sequence length
     # sliding: the returned tensor covers [max(0, start-(W-1)), end), sliced to its first `length` entries
     lo = max(0, last.start - sliding_past)

@@ -11,17 +11,16 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mtpkit.errors import ManifestError
+
 from .roles import ROLES
+from .schema import check_manifest
 
 # 2: ONNX KV outputs renamed new.{i}.key/value (role new_key/new_value; they hold only the T new entries, unlike
 #    optimum's present.*), drafter store inputs tagged store_key/store_value with layer_type, target hidden
 #    states tagged activations, the shared embedding moved into backends.onnx.options, hf_files added.
 SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
-
-
-class ManifestError(ValueError):
-    """A manifest or export folder that cannot be used; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,7 @@ class Manifest:
         """A file the manifest names, refused unless it lies inside the export folder (no absolute paths, no
         `..`, no symlink that leads out): an export copied from elsewhere must not make the runtime read or load
         files it was not given."""
-        relative = Path(name)
+        relative = Path(name.replace("\x00", "/.."))  # a NUL byte cannot name a file: refuse it like ".."
         if relative.is_absolute() or ".." in relative.parts or not relative.parts:
             raise ManifestError(f"manifest.json names {name!r}, which is not a file inside the export folder; "
                                 "refusing to read it (re-export, or fix the manifest)")
@@ -155,12 +154,15 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict, root: Path = Path(".")) -> "Manifest":
+        if not isinstance(d, dict):
+            raise ManifestError(f"manifest.json must hold a JSON object (got {type(d).__name__}); re-export the model")
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             made_by = f" (written by mtpkit {d['mtpkit_version']})" if d.get("mtpkit_version") else ""
             raise ManifestError(
                 f"manifest schema_version {version}{made_by} is not supported: this mtpkit reads version "
                 f"{SCHEMA_VERSION}; re-export the model with this mtpkit (`mtpkit export ...`)")
+        check_manifest(d)  # every field a runtime reads, with its type, before any is used
         d = dict(d)
         d["backends"] = {k: Backend.from_dict(v) for k, v in d["backends"].items()}
         return cls(**d, root=Path(root))
@@ -201,9 +203,11 @@ def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
     if not mpath.is_file():
         raise ManifestError(f"{root} has no {MANIFEST_NAME}; pass the DIR written by 'mtpkit export'")
     try:
-        data = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ManifestError(f"{mpath} is not valid JSON ({e}); re-export the model") from e
+    except OSError as e:
+        raise ManifestError(f"{mpath} cannot be read ({e.strerror}); check its permissions") from e
     try:
         manifest = Manifest.from_dict(data, root)
     except (TypeError, KeyError) as e:
@@ -218,9 +222,13 @@ def verify_files(manifest: Manifest) -> None:
     for name, g in graphs:
         for fname, digest in [(g.file, g.sha256), *g.data_files.items()]:
             p = manifest.path(fname)
-            if not p.is_file():
+            try:
+                found = p.is_file() and sha256_file(p)
+            except OSError as e:
+                raise ManifestError(f"{name} graph file {p} cannot be read ({e.strerror}); re-export the model") from e
+            if not found:
                 raise ManifestError(f"{name} graph file {p} is missing; re-export the model")
-            if sha256_file(p) != digest:
+            if found != digest:
                 raise ManifestError(
                     f"{p} does not match the sha256 in manifest.json (modified or corrupt); re-export the model"
                 )

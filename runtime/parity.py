@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from .engine import Engine, GenConfig
+from .manifest import ManifestError
 from .stats import Stats
 
 
@@ -65,7 +66,7 @@ def run_parity(export_dir, threads: int | None = None, backend: str | None = Non
     engine = Engine(export_dir, threads, backend)
     ref_entry = engine.manifest.reference
     if not ref_entry:
-        raise ValueError(f"{export_dir} has no transformers reference; re-export with 'mtpkit export' to record one")
+        raise ManifestError(f"{export_dir} has no transformers reference; re-export with 'mtpkit export' to record one")
     ref = json.loads(engine.manifest.path(ref_entry["file"]).read_text())
     # a static verify length (LiteRT) bounds k; longer recorded draft lengths are reported as not run
     lengths = [k for k in ref_entry["draft_lengths"] if engine.max_draft is None or k <= engine.max_draft]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtpkit.errors import check_int, check_number
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -21,13 +23,11 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        # "not x >= 0" also rejects NaN.
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy")
-        if not self.top_k >= 0:
-            raise ValueError(f"top_k must be >= 0 (got {self.top_k}); use 0 to disable top-k")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (got {self.top_p}); use 1.0 to disable top-p")
+        check_number("temperature", self.temperature, 0, hint="; use 0 for greedy")  # NaN and inf are refused
+        check_int("top_k", self.top_k, 0, hint="; use 0 to disable top-k")
+        check_number("top_p", self.top_p, 0, 1, low_open=True, hint="; use 1.0 to disable top-p")
+        if self.seed is not None:
+            check_int("seed", self.seed, 0)
 
     @property
     def greedy(self) -> bool:
@@ -44,6 +44,18 @@ def _as_logits(logits) -> np.ndarray:
     if m == -np.inf:
         raise ValueError("all logits are -inf; at least one token must be allowed")
     return x
+
+
+def _argmax(logits) -> int:
+    """Greedy pick in one pass over the logits as they are: no float64 copy, no sort, no one-hot."""
+    x = np.asarray(logits)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-D array (got shape {x.shape}); pass one position at a time")
+    i = int(x.argmax())
+    if not x[i] > -np.inf:  # argmax stops at the first NaN, so one read of x[i] checks NaN and all -inf
+        raise ValueError("logits contain NaN; check the model output" if x[i] != x[i]
+                         else "all logits are -inf; at least one token must be allowed")
+    return i
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -104,20 +116,20 @@ class Sampler:
 
     def pick(self, logits) -> int:
         if self.cfg.greedy:
-            return int(np.argmax(_as_logits(logits)))
+            return _argmax(logits)
         return self._sample(self.probs(logits))
 
     def draft(self, logits) -> tuple[int, np.ndarray]:
         """Drafter side: (token, q) with token ~ q; the verifier must get this same q."""
         if self.cfg.greedy:  # greedy acceptance never reads q, so skip building it
-            return int(np.argmax(_as_logits(logits))), None
+            return _argmax(logits), None
         q = self.probs(logits)
         return self._sample(q), q
 
     def accept(self, target_logits, draft_token: int, q: np.ndarray) -> tuple[bool, int | None]:
         """One draft position. Returns (accepted, replacement or None)."""
         if self.cfg.greedy:
-            best = int(np.argmax(_as_logits(target_logits)))
+            best = _argmax(target_logits)
             return (True, None) if draft_token == best else (False, best)
         p = self.probs(target_logits)
         q = np.asarray(q, dtype=np.float64)

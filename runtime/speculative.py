@@ -8,32 +8,43 @@ rejected drafts is `pos` moving forward by only n + 1: their K/V slots are simpl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from .backends import Drafter, Target
 from .stats import Stats
 
-SCHEDULES = ("constant", "heuristic")
+SCHEDULES = ("constant", "heuristic", "auto")
+
+
+class DraftPolicy(Protocol):
+    def update(self, accepted: int, drafted: int) -> int:
+        """The next round's k (0: a plain decoding round) after a round that accepted `accepted` of `drafted`."""
 
 
 @dataclass
 class DraftSchedule:
-    """constant: always k. heuristic: +2 after a round where every draft was accepted, -1 otherwise (>= 1)."""
+    """constant: always k. heuristic: +2 after a round where every draft was accepted, -1 otherwise (>= 1).
+    auto: `policy` (runtime/auto.py AutoPolicy) picks k each round from measured costs; k = 0 is a plain round."""
 
     kind: str = "constant"
     k: int = 4
     cap: int = 16
+    policy: DraftPolicy | None = None
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.kind!r}; use one of {', '.join(SCHEDULES)}")
-        if self.k < 1:
+        if (self.kind == "auto") != (self.policy is not None):
+            raise ValueError("the auto schedule, and only it, takes a policy (runtime/auto.py AutoPolicy)")
+        if self.k < (0 if self.policy else 1):
             raise ValueError(f"number of draft tokens must be >= 1 (got {self.k}); use --no-mtp to disable drafting")
         if self.cap < self.k:
             raise ValueError(f"draft cap {self.cap} is below the initial draft length {self.k}")
 
     def update(self, accepted: int, drafted: int) -> None:
-        if self.kind == "heuristic":
+        if self.policy is not None:
+            self.k = min(self.cap, self.policy.update(accepted, drafted))
+        elif self.kind == "heuristic" and drafted:  # drafted == 0 only in a run's clipped last round
             self.k = min(self.cap, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
 
@@ -48,12 +59,12 @@ def speculative_generate(target: Target, drafter: Drafter, prompt: list[int], sa
     yield token, False
     while produced < max_new_tokens and token not in eos_ids:
         k = min(schedule.k, max_new_tokens - produced - 1)  # never draft past max_new_tokens
-        drafts, qs = _draft(drafter, target.kv.drafter_view(pos, kv_handoff), token, h, pos, k, sampler)
+        drafts, qs = _draft(drafter, target.kv, kv_handoff, token, h, pos, k, sampler)
         logits, hidden = target.forward([token, *drafts], pos)
         n, next_token = _accept(sampler, logits, drafts, qs)
         if k:
             stats.round(drafted=k, accepted=n, drafts=drafts)
-            schedule.update(n, k)
+        schedule.update(n, k)
         for d in drafts[:n]:
             yield d, True
             if d in eos_ids:
@@ -62,9 +73,12 @@ def speculative_generate(target: Target, drafter: Drafter, prompt: list[int], sa
         pos, token, h, produced = pos + n + 1, next_token, hidden[n], produced + n + 1
 
 
-def _draft(drafter: Drafter, view, token: int, h, pos: int, k: int, sampler):
+def _draft(drafter: Drafter, kv, kv_handoff: str, token: int, h, pos: int, k: int, sampler):
     """k drafter steps at a constant position, each fed its own sampled token and projected activations."""
     drafts, qs = [], []
+    if not k:  # a plain round (auto): no drafter view to slice
+        return drafts, qs
+    view = kv.drafter_view(pos, kv_handoff)
     for _ in range(k):
         logits, h = drafter.step(token, h, pos, view)
         token, q = sampler.draft(logits)

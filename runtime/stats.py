@@ -31,10 +31,12 @@ class Stats:
     total_s: float = 0.0
     token_latencies_s: list[float] = field(default_factory=list)
     drafts: list[list[int]] = field(default_factory=list)  # every round's drafted tokens, for parity with HF
+    per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) of every round
 
     def round(self, drafted: int, accepted: int, drafts: list[int] | None = None) -> None:
         self.rounds += 1
         self.drafts.append(list(drafts or []))
+        self.per_round.append((drafted, accepted))
         self.drafted += drafted
         self.accepted += accepted
         grow = drafted - len(self.drafted_at)
@@ -58,6 +60,21 @@ class Stats:
             "latency_p50_ms": 1e3 * float(np.percentile(lat, 50)), "latency_p95_ms": 1e3 * float(np.percentile(lat, 95)),
             "tokens_per_s": (self.new_tokens - 1) / (self.total_s - self.ttft_s) if self.total_s > self.ttft_s and self.new_tokens > 1 else None,
         }
+
+
+def conditional_acceptance(runs: list[Stats], n: int) -> list[float | None]:
+    """Acceptance of draft i given drafts 1..i-1 were accepted, pooled over runs (None: never tried).
+
+    Unlike summary()'s acceptance_by_position (the share of rounds that accepted at least i drafts), this does
+    not depend on k, so runs of different draft lengths pool, and it is what the cost model multiplies.
+    """
+    hits, trials = [0] * n, [0] * n
+    for stats in runs:
+        for drafted, accepted in stats.per_round:
+            for i in range(min(drafted, accepted + 1, n)):
+                trials[i] += 1
+                hits[i] += i < accepted
+    return [h / t if t else None for h, t in zip(hits, trials)]
 
 
 def timed(tokens, stats: Stats):

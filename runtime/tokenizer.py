@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mtpkit.errors import UsageError
+
 from .manifest import Manifest, ManifestError
 
 
@@ -10,15 +12,27 @@ class TextCodec:
         from tokenizers import Tokenizer
 
         entry = manifest.tokenizer
-        self.tokenizer = Tokenizer.from_file(str(manifest.path(entry["file"])))
+        path = manifest.path(entry["file"])
+        if not path.is_file():
+            raise ManifestError(f"the tokenizer file {path} is missing; re-export the model")
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+            reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            raise ManifestError(f"{path} is not a valid tokenizer.json ({reason}); re-export the model") from e
         self.bos = manifest.tokens.get("bos")
         self.add_bos = bool(entry.get("add_bos", True)) and self.bos is not None
         self.template = None
         if entry.get("chat_template_file"):
-            self.template = manifest.path(entry["chat_template_file"]).read_text()
+            path = manifest.path(entry["chat_template_file"])
+            try:
+                self.template = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ManifestError(f"cannot read the chat template {path} ({e}); re-export the model") from e
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         """Token ids for a prompt; with chat, the text is one user turn in the model's chat template."""
+        _check_text(text)
         if chat:
             return self.encode_chat([{"role": "user", "content": text}])
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -30,10 +44,11 @@ class TextCodec:
         """Token ids for a conversation ([{"role", "content"}, ...]) rendered with the chat template, ready for
         the model's next turn."""
         if not messages:
-            raise ValueError("the conversation is empty; pass at least one message")
+            raise UsageError("the conversation is empty; pass at least one message")
         for m in messages:  # a clear error instead of jinja's UndefinedError deep in the template
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ValueError(f"each chat message must be a dict with string 'role' and 'content' (got {m!r})")
+                raise UsageError(f"each chat message must be a dict with string 'role' and 'content' (got {m!r})")
+            _check_text(m["content"])
         text = self.render_chat(messages)
         return self.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes BOS itself
 
@@ -46,6 +61,18 @@ class TextCodec:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def _check_text(text) -> None:
+    """Refuse what the tokenizer cannot take: a non-str, or lone surrogates (how Python passes on command-line
+    bytes that are not UTF-8)."""
+    if not isinstance(text, str):
+        raise UsageError(f"the prompt must be a str (got {type(text).__name__})")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(f"the prompt is not valid UTF-8 (undecodable byte at character {e.start}); pass UTF-8 "
+                         "text (or use --prompt-file)") from None
 
 
 class StreamDecoder:

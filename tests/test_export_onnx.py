@@ -91,3 +91,42 @@ def test_manifest_records_sources_tokens_and_template(tiny_exports, tiny_checkpo
     assert {g.recipe for g in manifest.backend("onnx").graphs.values()} == {"fp32"}
     assert (manifest.root / manifest.hf_files["config"]).is_file()
     assert (manifest.root / manifest.hf_files["generation_config"]).is_file()
+
+
+# issue 11: 926 target nodes over 10 decoder layers and 274 drafter nodes over 4 on the trained tiny pair before
+# fusion; a fused decoder layer may cost at most 40% of that
+FUSED_OPS = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RotaryEmbedding",
+             "MultiHeadAttention", "Gelu"}
+UNFUSED_OPS = {"Pow", "ReduceMean", "Softmax", "Neg", "Sqrt", "Reciprocal"}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_graphs_are_fused_within_the_node_budget(tiny_exports, name):
+    from mtpkit.export.graph_bench import node_counts
+
+    out = tiny_exports(name)
+    manifest = load_manifest(out)
+    counts = node_counts(out)
+    assert manifest.backend("onnx").options["nodes"] == {g: c["nodes"] for g, c in counts.items()}
+    assert counts["target"]["layers"] == manifest.model["num_layers"]
+    assert counts["target"]["per_layer"] <= 0.4 * 926 / 10
+    assert counts["drafter"]["per_layer"] <= 0.4 * 274 / 4
+    for graph, c in counts.items():
+        assert FUSED_OPS <= set(c["ops"]) and not UNFUSED_OPS & set(c["ops"]), (graph, c["ops"])
+
+
+def test_graph_bench_reports_nodes_and_call_times(tiny_exports, capsys):
+    from mtpkit.export import graph_bench
+
+    out = tiny_exports("e2b_gemma4_centroid")
+    assert graph_bench.main([str(out), str(out), "--past", "20", "--rounds", "1", "--calls", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == ["target", "drafter", "decode",
+                                                                              "draft", "floor"]
+
+
+def test_export_records_the_drafters_acceptance_prior(tiny_exports):
+    """manifest.generation.acceptance_by_position: what `--num-assistant-tokens auto` starts from."""
+    manifest = load_manifest(tiny_exports("e2b_gemma4_centroid"))
+    acceptance = manifest.generation["acceptance_by_position"]
+    assert len(acceptance) == 8 and all(0.0 <= a <= 1.0 for a in acceptance)

@@ -11,10 +11,13 @@ stored once. Graphs larger than 2 GB keep the rest of their weights in `<graph>.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import warnings
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import numpy as np
 import torch
@@ -22,7 +25,7 @@ import torch
 from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Signature, TensorSpec, sha256_file
 
 from ..scoped import logger_level, root_logging_kept
-from . import ExportJob
+from . import ExportJob, onnx_fusions
 from .onnx_embedding import quantize_shared_table, save_with_table_external
 
 log = logging.getLogger(__name__)
@@ -38,14 +41,25 @@ def export(job: ExportJob) -> Backend:
     """target.onnx + drafter.onnx + embeddings.bin into job.folder; their manifest entry."""
     sigs = signatures(job.kv_layers, job.store, job.hidden, job.vocab)
     t_path, d_path = job.folder / "target.onnx", job.folder / "drafter.onnx"
-    export_graph(job.target_adapter.TargetStep(job.target), sigs["verify"], _target_sample(job.kv_layers), t_path)
-    export_graph(job.drafter_adapter.DraftStep(job.drafter), sigs["draft"],
-                 _draft_sample(job, job.hidden), d_path)
+    export_graph(job.target_adapter.TargetStep(job.target), sigs["verify"], _target_sample(job.kv_layers), t_path,
+                 fused=functools.partial(job.target_adapter.fused_ops, job.target))
+    export_graph(job.drafter_adapter.DraftStep(job.drafter), sigs["draft"], _draft_sample(job, job.hidden), d_path,
+                 fused=functools.partial(job.drafter_adapter.fused_ops, job.drafter))
     embed = job.target.model.embed_tokens
     embedding = share_embedding(t_path, embed.weight.detach().numpy())
     embedding["scale"] = float(embed.embed_scale.to(embed.weight.dtype))
     graphs = {name: _graph_file(job.folder, p) for name, p in (("target", t_path), ("drafter", d_path))}
-    return Backend("onnx", "window", graphs, sigs, {"embedding": embedding})
+    return Backend("onnx", "window", graphs, sigs, {"embedding": embedding, "nodes": _log_nodes(job, graphs)})
+
+
+def _log_nodes(job: ExportJob, graphs: dict[str, GraphFile]) -> dict[str, int]:
+    """Node count per graph, logged and returned for the manifest: what op fusion (onnx_fusions.py) shrinks."""
+    layers = {"target": job.target.config.num_hidden_layers,
+              "drafter": job.drafter.config.get_text_config().num_hidden_layers}
+    nodes = {name: _node_count(job.folder / g.file) for name, g in graphs.items()}
+    for name, count in nodes.items():
+        log.info("  %s: %d nodes, %.1f per decoder layer", graphs[name].file, count, count / layers[name])
+    return nodes
 
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
@@ -84,8 +98,10 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
 
 
 # fp16 keeps these in fp32: x^2 in Gemma's RMSNorm overflows fp16 once |x| > 256, and the soft-cap / softmax
-# need the range (the residual stream between them stays fp16).
-_FP32_OPS = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Softmax", "Tanh", "Div")
+# need the range (the residual stream between them stays fp16). The fused norms and attention (onnx_fusions.py)
+# are those same computations; RotaryEmbedding runs between them, so it stays fp32 rather than cast twice.
+_FP32_OPS = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Softmax", "Tanh", "Div", "SimplifiedLayerNormalization",
+             "SkipSimplifiedLayerNormalization", "MultiHeadAttention", "RotaryEmbedding")
 
 
 def _quantized(model, recipe: str, block_size: int, accuracy_level: int):
@@ -209,19 +225,29 @@ def _dims(signature: Signature) -> tuple:
     return specs
 
 
-def export_graph(step: torch.nn.Module, signature: Signature, sample: tuple, path: Path) -> None:
-    """Export one step module with the signature's names and dynamic dims."""
+def export_graph(step: torch.nn.Module, signature: Signature, sample: tuple, path: Path,
+                 fused: Callable[[], ContextManager] | None = None) -> None:
+    """Export one step module with the signature's names and dynamic dims.
+
+    Args:
+        fused: makes the model adapter's fused_ops(model) patch; inside it the step calls export/fused_ops.py's
+            custom ops, lowered here to fused ORT kernels (onnx_fusions.py). None exports the modules as they are.
+    """
     dims = _dims(signature)
     fixed = _n_positional(step)
     if len(dims) > fixed:  # *past varargs need a nested spec
         dims = [*dims[:fixed], tuple(dims[fixed:])]
     # torch.onnx logs one warning per missing torchvision op; irrelevant here (scoped: the caller's level returns)
-    with warnings.catch_warnings(), torch.no_grad(), logger_level(_REGISTRATION_LOGGER, logging.ERROR):
+    with warnings.catch_warnings(), torch.no_grad(), logger_level(_REGISTRATION_LOGGER, logging.ERROR), \
+            (fused() if fused else contextlib.nullcontext()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             step, sample, input_names=_names(signature.inputs), output_names=_names(signature.outputs),
             dynamic_shapes=tuple(dims), dynamo=True, optimize=True, opset_version=OPSET, verbose=False,
+            custom_translation_table=onnx_fusions.translation_table() if fused else None,
         )
+    if fused:
+        onnx_fusions.fuse_graph(program.model)
     program.save(str(path), external_data=not _small(program))
 
 

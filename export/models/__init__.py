@@ -1,4 +1,5 @@
-"""One adapter per model family, each with the same names (mlx-lm style): MODEL_TYPES, load, a step module.
+"""One adapter per model family, each with the same names (mlx-lm style): MODEL_TYPES, load, a step module, and
+fused_ops(model), the scoped patch under which the step calls export/fused_ops.py's fusable custom ops.
 
 Nothing outside this package branches on model_type.
 """

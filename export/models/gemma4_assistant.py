@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
+from .gemma4_text import fused_ops  # noqa: F401  (the drafter's layers are transformers' Gemma 4 text layers)
 
 MODEL_TYPES = ("gemma4_assistant",)
 

@@ -7,12 +7,17 @@ and gets back only the new entries, which it writes into its preallocated buffer
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mtpkit.runtime.manifest import KVLayer
 
+from .. import fused_ops as ops
 from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
+from ..scoped import patched
 
 MODEL_TYPES = ("gemma4", "gemma4_text")
 NEG = torch.finfo(torch.float32).min
@@ -77,6 +82,81 @@ def store_layers(config) -> dict[str, int]:
     return {config.layer_types[i]: i for i, m in enumerate(config.kv_sharing_modes) if m == "store"}
 
 
+@contextlib.contextmanager
+def fused_ops(model: nn.Module):
+    """Inside the block, transformers' Gemma 4 RMSNorm and attention run through export/fused_ops.py's custom ops
+    (the same math), which a graph backend lowers to single fused kernels. Restored on exit.
+
+    Args:
+        model: the model to be exported; its attention modules get head-regrouped copies of their q_proj and
+            o_proj weights for the block (see _group_major).
+    """
+    from transformers.models.gemma4 import modeling_gemma4 as hf
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(hf.Gemma4RMSNorm, "forward", _fused_rms_norm))
+        stack.enter_context(patched(hf.Gemma4TextAttention, "forward", _fused_attention))
+        for attn in (m for m in model.modules() if isinstance(m, hf.Gemma4TextAttention)):
+            stack.enter_context(patched(attn, "group_major", _group_major(attn)))
+        yield
+
+
+def _fused_rms_norm(self, hidden_states):
+    """Gemma4RMSNorm.forward (transformers 5.24: the weight multiplies directly, no 1 + w) via ops.rms_norm."""
+    x = hidden_states.float()
+    weight = self.weight.float() if self.with_scale else torch.ones(x.shape[-1], dtype=x.dtype)
+    return ops.rms_norm(x, weight, self.eps).type_as(hidden_states)
+
+
+def _group_major(attn) -> tuple:
+    """(q_proj weight, q_proj bias, o_proj weight) with the query heads reordered from (K/V head, j) to
+    (j, K/V head): each position's group member j then is one contiguous row of all K/V heads, the query
+    layout of ops.attention, with no transpose in the graph. Norm and rotary treat every head alike."""
+    groups, dim = attn.num_key_value_groups, attn.head_dim
+    kv_heads = attn.config.num_attention_heads // groups
+    if kv_heads == 1 or groups == 1:  # the order is unchanged: no copy
+        return attn.q_proj.weight, attn.q_proj.bias, attn.o_proj.weight
+    with torch.no_grad():
+        order = torch.arange(kv_heads * groups * dim).view(kv_heads, groups, dim).transpose(0, 1).reshape(-1)
+        bias = attn.q_proj.bias[order] if attn.q_proj.bias is not None else None
+        return attn.q_proj.weight[order], bias, attn.o_proj.weight[:, order]
+
+
+def _fused_attention(self, hidden_states, position_embeddings, attention_mask, shared_kv_states, cache=None,
+                     **kwargs):
+    """Gemma4TextAttention.forward (transformers 5.24; eval, batch 1) in the fused ops' layouts: the query with
+    its positions as the batch ([T,N,1,H]) for norm and rotary, then [1,T*g,N_kv*H] for attention."""
+    batch, seq = hidden_states.shape[:2]
+    assert batch == 1, "the fused attention lays the query out for batch 1"
+    q_weight, q_bias, o_weight = self.group_major
+    heads, dim = self.config.num_attention_heads, self.head_dim
+    cos, sin = position_embeddings
+    query = F.linear(hidden_states, q_weight, q_bias).view(seq, heads, 1, dim)
+    query = ops.rotary(self.q_norm(query), cos, sin, torch.arange(seq).unsqueeze(1))  # same in every layer: CSE'd
+    if self.is_kv_shared_layer:
+        key, value = shared_kv_states[self.layer_type]
+    else:
+        key = _heads_first(self.k_proj(hidden_states), seq, dim)
+        value = _heads_first(self.v_proj(hidden_states), seq, dim) if self.v_proj is not None else key
+        key = ops.rotary(self.k_norm(key), cos, sin, None)
+        value = self.v_norm(value)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+    if self.store_full_length_kv:
+        shared_kv_states[self.layer_type] = key, value
+    out = ops.attention(query.view(batch, seq * self.num_key_value_groups, -1), key, value, attention_mask,
+                        self.scaling, self.num_key_value_groups)
+    return F.linear(out.view(batch, seq, -1), o_weight, self.o_proj.bias), None
+
+
+def _heads_first(x, seq: int, dim: int):
+    """[B,T,N*H] -> [B,N,T,H]; a view when N is 1 (E2B's K/V heads), which needs no transpose in the graph."""
+    heads = x.shape[-1] // dim
+    if heads == 1:
+        return x.view(x.shape[0], 1, seq, dim)
+    return x.view(x.shape[0], seq, heads, dim).transpose(1, 2)
+
+
 class TargetStep(nn.Module):
     """(input_ids [1,T], input_pos [1], past K/V windows) -> logits, final-norm hidden, new K/V [1,h,T,d].
 
@@ -94,17 +174,16 @@ class TargetStep(nn.Module):
         text = self.model.model
         cfg = self.config
         past_kv = {layer: (past[2 * j], past[2 * j + 1]) for j, layer in enumerate(self.owners)}
-        ones = torch.ones_like(input_ids[0])
-        q_pos = input_pos + ones.cumsum(0) - 1  # [T]
+        new = torch.arange(input_ids.shape[1])  # [T]; a symbolic length, so T stays dynamic in the export
+        position_ids = (input_pos + new).unsqueeze(0)  # [1, T]
         hidden = text.embed_tokens(input_ids)
         ple = None
         if text.hidden_size_per_layer_input:
             ple = text.project_per_layer_inputs(hidden, text.get_per_layer_inputs(input_ids, None))
-        position_ids = q_pos.unsqueeze(0)
         masks, rope = {}, {}
         for layer_type in set(cfg.layer_types):
             first = next(i for i in self.owners if cfg.layer_types[i] == layer_type)
-            masks[layer_type] = self._mask(q_pos, input_pos, past_kv[first][0], layer_type)
+            masks[layer_type] = self._mask(new, past_kv[first][0], layer_type)
             rope[layer_type] = text.rotary_emb(hidden, position_ids, layer_type)
         cache = _StepCache(past_kv)
         shared = {}
@@ -121,17 +200,15 @@ class TargetStep(nn.Module):
         present = [t for layer in self.owners for t in cache.new[layer]]
         return (logits, hidden, *present)
 
-    def _mask(self, q_pos, input_pos, past_k, layer_type):
-        """Additive [1,1,T,P+T] mask from absolute positions only, so stale buffer slots are never visible."""
-        n_past = torch.ones_like(past_k[0, 0, :, 0], dtype=torch.int64).cumsum(0)  # 1..P
-        past_pos = input_pos - n_past.flip(0)  # input_pos-P .. input_pos-1
-        kv_pos = torch.cat([past_pos, q_pos])
-        diff = q_pos.unsqueeze(1) - kv_pos.unsqueeze(0)  # [T, P+T]
+    def _mask(self, new, past_k, layer_type):
+        """Additive [1,1,T,P+T] mask from positions only, so stale buffer slots are never visible: key j (the P
+        past entries, then the T new ones) is P + t - j positions before query t."""
+        n_past = past_k.shape[2]
+        diff = (new + n_past).view(1, 1, -1, 1) - torch.arange(n_past + new.shape[0]).view(1, 1, 1, -1)  # [1,1,T,P+T]
         visible = diff >= 0
         if layer_type == "sliding_attention":
             visible = visible & (diff < self.config.sliding_window)
-        zero = torch.zeros((), dtype=torch.float32)
-        return torch.where(visible, zero, torch.full((), NEG)).unsqueeze(0).unsqueeze(0)
+        return torch.where(visible, torch.zeros((), dtype=torch.float32), torch.full((), NEG))
 
 
 class _StepCache:

@@ -33,12 +33,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mtpkit.cli import CommandError
-    from mtpkit.runtime.bench import BenchConfig, run_bench
-    from mtpkit.runtime.commands import print_bench
-    from mtpkit.runtime.parity import run_parity
-
     from mtpkit.export.config import ExportConfig
     from mtpkit.export.pipeline import export_model
+    from mtpkit.runtime.parity import run_parity
 
     with tempfile.TemporaryDirectory(prefix="mtpkit-demo-pair-") as tmp:
         target, drafter, record = demo_pair(args.pair, Path(tmp))
@@ -52,9 +49,7 @@ def run(args: argparse.Namespace) -> int:
         ok &= report["ok"]
         print(f"parity ({backend}): {'PASS' if report['ok'] else 'FAIL'}, {report['checks'] - report['failed']}/"
               f"{report['checks']} checks, k in {report['draft_lengths']}")
-        print_bench(run_bench(out, BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens),
-                              threads=args.threads, backend=backend), args.repeats)
-        report = heldout_check(out, backend, args.threads, args.max_new_tokens)
+        report = heldout_check(out, backend, args.threads, args.max_new_tokens, args.repeats)
         (out / f"demo_{backend}.json").write_text(json.dumps(report, indent=2) + "\n")
         print_heldout(report)
     if not ok:
@@ -73,12 +68,14 @@ def demo_pair(name: str, tmp: Path) -> tuple[Path, Path, dict]:
     return target, drafter, {"pair": name, **json.loads((tmp / "pair.json").read_text())}
 
 
-def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: int) -> dict:
-    """The runtime on the held-out prompts transformers was measured on (pair.json): acceptance, tokens per
-    target call (prefill call included, as in pair.json) and wall-clock speed-up over plain decoding."""
+def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: int, repeats: int = 3) -> dict:
+    """The runtime on the held-out prompts transformers was measured on (pair.json): acceptance and tokens per
+    target call (prefill call included, as in pair.json) at k = 4, then default decoding (auto draft length)
+    against plain decoding, interleaved, with the cost model's prediction from the same run's measured costs."""
     import statistics
 
-    from mtpkit.runtime.bench import BenchConfig, bench_prompt, run_once
+    from mtpkit.runtime.bench import BenchConfig, bench_prompt, metered, run_once
+    from mtpkit.runtime.auto import CostMeter
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import tokens_per_target_call
 
@@ -89,27 +86,42 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
     pair = json.loads((ASSETS / "pair.json").read_text())
     engine = Engine(out, threads, backend)
     rows = []
-    for category, text in eval_prompts(load_corpus().heldout, pair["config"]["eval_prompts"]):
-        ids = engine.codec.encode(text)  # <bos> + text, as transformers was measured (pair.json)
-        row = {"category": category}
-        for mode in ("hf", "clean"):
-            stats = run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=4,
-                                                    kv_handoff=mode))
-            first = stats.accepted_at[0] / stats.drafted_at[0] if stats.drafted_at else 0.0
-            row[mode] = {"new_tokens": stats.new_tokens, "target_calls": stats.target_calls, "pos1": first}
-        row["bench"] = bench_prompt(engine, category, ids, BenchConfig(repeats=1, max_new_tokens=max_new_tokens,
-                                                                         num_assistant_tokens=4))
-        rows.append(row)
+    with metered(engine, CostMeter(alpha=None)) as meter:
+        for category, text in eval_prompts(load_corpus().heldout, pair["config"]["eval_prompts"]):
+            ids = engine.codec.encode(text)  # <bos> + text, as transformers was measured (pair.json)
+            row = {"category": category}
+            for mode in ("hf", "clean"):
+                stats = run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=4,
+                                                        kv_handoff=mode))
+                first = stats.accepted_at[0] / stats.drafted_at[0] if stats.drafted_at else 0.0
+                row[mode] = {"new_tokens": stats.new_tokens, "target_calls": stats.target_calls, "pos1": first}
+            row["bench"] = bench_prompt(engine, category, ids, BenchConfig(repeats=repeats,
+                                                                             max_new_tokens=max_new_tokens))
+            rows.append(row)
+    costs = meter.costs(2)
     summary = {mode: tokens_per_target_call(sum(r[mode]["new_tokens"] for r in rows),
                                             sum(r[mode]["target_calls"] for r in rows)) for mode in ("hf", "clean")}
+    measured = [r["bench"]["speedup"] for r in rows]
+    predicted = [r["bench"]["predicted_speedup"] for r in rows]
     return {"backend": backend, "prompts": len(rows), "rows": rows, "tokens_per_target_call": summary,
             "transformers_tokens_per_target_call": pair["figures"]["all"]["tokens_per_target_call"],
-            "median_speedup": statistics.median(r["bench"]["speedup"] for r in rows)}
+            "call_ms": {"target_decode": 1e3 * costs.target[0], "drafter_step": 1e3 * costs.draft},
+            "median_speedup": statistics.median(measured), "min_speedup": min(measured),
+            "median_predicted_speedup": statistics.median(predicted),
+            "measured_over_predicted": statistics.median(m / p for m, p in zip(measured, predicted))}
 
 
 def print_heldout(report: dict) -> None:
-    t = report["tokens_per_target_call"]
-    print(f"held-out prompts ({report['prompts']}, {report['backend']}): tokens per target call "
+    t, c = report["tokens_per_target_call"], report["call_ms"]
+    print(f"held-out prompts ({report['prompts']}, {report['backend']}): tokens per target call at k=4 "
           f"{t['hf']:.2f} with transformers' hand-off (transformers measured "
-          f"{report['transformers_tokens_per_target_call']:.2f}), {t['clean']:.2f} with the clean hand-off; "
-          f"median wall-clock speed-up {report['median_speedup']:.2f}x over plain decoding")
+          f"{report['transformers_tokens_per_target_call']:.2f}), {t['clean']:.2f} with the clean hand-off")
+    print(f"cost shape: target decode {c['target_decode']:.2f} ms, drafter step {c['drafter_step']:.2f} ms "
+          f"(1/{c['target_decode'] / c['drafter_step']:.0f} of a target call)")
+    for r in report["rows"]:
+        b = r["bench"]
+        print(f"  {r['category']:<18} speculative (auto, k={b['predicted_k']}) vs plain: {b['speedup']:.2f}x "
+              f"measured, {b['predicted_speedup']:.2f}x predicted")
+    print(f"median speedup {report['median_speedup']:.2f}x (min {report['min_speedup']:.2f}x), cost model predicted "
+          f"{report['median_predicted_speedup']:.2f}x; measured/predicted {report['measured_over_predicted']:.2f} "
+          f"(default flags: automatic draft length, {report['backend']}, same graphs, interleaved)")

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtpkit.errors import UsageError
 from mtpkit.export.checkpoint import write_checkpoint
 
 VOCAB_SIZE = 512
@@ -55,7 +56,7 @@ class TinySpec:
         for name, value, allowed in [("shape", self.shape, SHAPES), ("layout", self.layout, LAYOUTS),
                                      ("head", self.head, HEADS)]:
             if value not in allowed:
-                raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+                raise UsageError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
 
 
 def text_config(*, vocab: int, hidden: int, intermediate: int, window: int, e2b: bool = True, k_eq_v: bool = False,
@@ -228,7 +229,7 @@ def run(args) -> int:
                     sliding_window=args.sliding_window, seed=args.seed)
     if args.out.exists():
         if not args.force:
-            raise ValueError(f"{args.out} already exists; pass --force to replace it")
+            raise UsageError(f"{args.out} already exists; pass --force to replace it")
         shutil.rmtree(args.out)
     target, drafter = make_tiny(args.out, spec)
     print(f"target:  {target}\ndrafter: {drafter}", file=sys.stdout)

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from mtpkit.errors import UsageError
+
 log = logging.getLogger("mtpkit")
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "tiny_pair"
@@ -67,20 +69,20 @@ class TrainConfig:
         object.__setattr__(self, "out", Path(self.out))
         for name in ("hidden", "intermediate", "drafter_hidden", "drafter_intermediate", "vocab_size"):
             if getattr(self, name) <= 0 or getattr(self, name) % 32:
-                raise ValueError(f"{name} must be a positive multiple of 32, got {getattr(self, name)}")
+                raise UsageError(f"{name} must be a positive multiple of 32, got {getattr(self, name)}")
         if self.vocab_size % self.num_centroids:
-            raise ValueError(f"vocab_size {self.vocab_size} must be divisible by num_centroids {self.num_centroids}")
+            raise UsageError(f"vocab_size {self.vocab_size} must be divisible by num_centroids {self.num_centroids}")
         if not 1 <= self.centroid_top_k <= self.num_centroids:
-            raise ValueError(f"centroid_top_k must be in 1..{self.num_centroids}, got {self.centroid_top_k}")
+            raise UsageError(f"centroid_top_k must be in 1..{self.num_centroids}, got {self.centroid_top_k}")
         if not 2 <= self.prompt_len < self.seq_len - self.num_assistant_tokens:
-            raise ValueError(f"need 2 <= prompt_len < seq_len - num_assistant_tokens, "
+            raise UsageError(f"need 2 <= prompt_len < seq_len - num_assistant_tokens, "
                              f"got {self.prompt_len}, {self.seq_len}")
         for name in ("target_steps", "drafter_steps", "batch", "drafter_batch", "threads", "eval_prompts",
                      "eval_new_tokens", "num_assistant_tokens", "sliding_window", "warmup", "log_every"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_train_files is not None and self.max_train_files < 1:
-            raise ValueError(f"max_train_files must be >= 1, got {self.max_train_files}")
+            raise UsageError(f"max_train_files must be >= 1, got {self.max_train_files}")
 
     def recorded(self) -> dict:
         """The config as pair.json records it: everything that changes the weights, not where they went."""

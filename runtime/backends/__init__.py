@@ -6,11 +6,13 @@ the draft-verify loop is typed against the Protocols below and never sees a back
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Protocol
 
 import numpy as np
 
+from mtpkit.errors import UsageError
 from mtpkit.extras import require
 
 from ..handoff import LastCall
@@ -49,8 +51,24 @@ def open_backend(manifest: Manifest, kind: str | None = None, threads: int | Non
     name = kind or manifest.backend().kind
     info = BACKENDS.get(name)
     if info is None:
-        raise ManifestError(f"unknown backend {name!r}; this mtpkit runs {', '.join(BACKENDS)}")
+        close = difflib.get_close_matches(str(name), BACKENDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"unknown backend {name!r}{hint}; this mtpkit runs {', '.join(BACKENDS)}")
     if info.extra:  # before looking into the export: say what to install first
         require(info.extra, f"the {name} runtime backend (--backend {name})", info.runtime_modules)
     backend = manifest.backend(name)
-    return importlib.import_module(f"{__name__}.{name}").load(manifest, backend, threads)
+    module = importlib.import_module(f"{__name__}.{name}")
+    try:
+        return module.load(manifest, backend, threads)
+    except _load_errors(name) as e:  # sha256 matched, yet the graph runtime cannot read the file
+        raise ManifestError(f"the {name} graphs in {manifest.root} cannot be loaded "
+                            f"({' '.join(str(e).split())[:300]}); re-export the model") from e
+
+
+def _load_errors(kind: str) -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "this graph file is unreadable" for a backend's runtime (not a bug in mtpkit)."""
+    if kind == "onnx":
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+        return ort_errors.InvalidProtobuf, ort_errors.InvalidGraph, ort_errors.NoSuchFile, ort_errors.Fail
+    return ()

@@ -9,6 +9,8 @@ are never read until they are overwritten.
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 import numpy as np
 
@@ -20,36 +22,46 @@ from ..manifest import Backend, Manifest
 class OrtSession:
     """ONNX Runtime on CPU, one InferenceSession per graph file; run(signature, feeds by role) -> outputs by role.
 
-    Options, chosen deliberately:
-    - intra-op threads = `threads` (default: all cores), inter-op 1, sequential execution: the graphs are one
-      chain of ops and target and drafter never run concurrently.
-    - spinning off: with spinning on, the idle session's threads keep spinning while the other session runs
-      and the two fight for cores on small machines.
+    Options, chosen by measurement (docs/performance.md):
+    - intra-op threads per graph: `threads` when given, else the faster of 1 and all cores, timed on the graph's
+      own decode / draft call when the export is opened (pick_threads). Small graphs lose more to waking pool
+      threads for every op than they gain; large ones gain.
+    - spinning off: with spinning on, the idle session's pool keeps spinning while the other session runs and
+      the two fight for cores (2.2x slower speculative decoding on a 2-core machine, docs/performance.md).
+    - inter-op 1, sequential execution: the graphs are one chain of ops; target and drafter never overlap.
     - no IOBinding: the graphs return only the new K/V entries (T rows), which the host writes into its
       preallocated buffers; past windows are passed as numpy views, so there is no large copy to save.
     """
 
-    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None):
+    def __init__(self, backend: Backend, sessions: dict, threads: dict[str, int]):
+        self.backend, self._sessions, self.threads = backend, sessions, threads
+        # InferenceSession.run re-checks every feed name per call (~20 us, 5 calls a round); the manifest binding
+        # already guarantees them, so call its C session when this onnxruntime has one (it still checks shapes)
+        self._run = {name: getattr(getattr(s, "_sess", s), "run", s.run) for name, s in sessions.items()}
+        # per signature: graph, (input name, feed key) pairs, output names and keys, resolved once
+        self._io = {name: (sig.graph, [(t.name, t.key) for t in sig.inputs], [t.name for t in sig.outputs],
+                           [t.key for t in sig.outputs]) for name, sig in backend.signatures.items()}
+
+    @classmethod
+    def open(cls, manifest: Manifest, backend: Backend, threads: int) -> "OrtSession":
         import onnxruntime as ort
 
-        self.backend = backend
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or os.cpu_count() or 1
+        opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
-        self._sessions = {name: ort.InferenceSession(str(manifest.path(graph.file)), opts,
-                                                     providers=["CPUExecutionProvider"])
-                          for name, graph in backend.graphs.items()}
+        sessions = {name: ort.InferenceSession(str(manifest.path(graph.file)), opts, providers=["CPUExecutionProvider"])
+                    for name, graph in backend.graphs.items()}
+        return cls(backend, sessions, {name: threads for name in sessions})
 
     def run(self, signature: str, feeds: dict) -> dict:
         """feeds and outputs are keyed by TensorSpec.key: (role, layer or layer type)."""
-        sig = self.backend.signatures[signature]
-        named = {t.name: feeds[t.key] for t in sig.inputs}
-        values = self._sessions[sig.graph].run([t.name for t in sig.outputs], named)
-        return {t.key: v for t, v in zip(sig.outputs, values)}
+        graph, inputs, output_names, output_keys = self._io[signature]
+        values = self._run[graph](output_names, {name: feeds[key] for name, key in inputs}, None)
+        return dict(zip(output_keys, values))
 
 
 class WindowKV:
@@ -66,18 +78,24 @@ class WindowKV:
         self.drafter_sliding = int(spec["drafter_sliding_visible"])  # W+1: what the drafter's sliding layers see
         self.drafter_layers = {t: int(i) for t, i in spec["drafter_layers"].items()}
         self.last = LastCall()
+        # per layer: its buffers and feed/output keys, resolved once (a target call touches every layer twice)
+        self._layers = [(k, v, self.types[layer] != "full_attention", ("past_key", layer), ("past_value", layer),
+                         ("new_key", layer), ("new_value", layer)) for layer, (k, v) in self.buffers.items()]
 
-    def past(self, layer: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """The past window a target call at `pos` reads for this layer (views when contiguous)."""
-        start = 0 if self.types[layer] == "full_attention" else max(0, pos - self.sliding_past)
-        k, v = self.buffers[layer]
-        return _contiguous(k[:, :, start:pos]), _contiguous(v[:, :, start:pos])
+    def windows(self, pos: int) -> dict:
+        """Every layer's past window for a target call at `pos`, keyed as the call's feeds."""
+        lo, feeds = max(0, pos - self.sliding_past), {}
+        for k, v, sliding, kkey, vkey, _, _ in self._layers:
+            start = lo if sliding else 0
+            feeds[kkey], feeds[vkey] = _contiguous(k[:, :, start:pos]), _contiguous(v[:, :, start:pos])
+        return feeds
 
-    def write(self, layer: int, pos: int, k_new: np.ndarray, v_new: np.ndarray) -> None:
-        k, v = self.buffers[layer]
-        end = pos + k_new.shape[2]
-        k[:, :, pos:end] = k_new
-        v[:, :, pos:end] = v_new
+    def commit(self, pos: int, count: int, out: dict) -> None:
+        """Write a call's new entries of every layer at pos..pos+count-1."""
+        end = pos + count
+        for k, v, _, _, _, knew, vnew in self._layers:
+            k[:, :, pos:end] = out[knew]
+            v[:, :, pos:end] = out[vnew]
 
     def check_room(self, pos: int, count: int) -> None:
         if pos + count > self.capacity:
@@ -107,10 +125,13 @@ class Embeddings:
         else:
             self.table = np.memmap(path, dtype=np.dtype(e["dtype"]), mode="r", offset=int(e.get("offset", 0)),
                                    shape=tuple(e["shape"]))
-            self._row = self.table.__getitem__
+            self._row = self.table.view(np.ndarray).__getitem__  # memmap rows pay subclass overhead on every step
 
     def __call__(self, token: int) -> np.ndarray:
         return (np.asarray(self._row(token), np.float32) * self.scale).reshape(1, 1, -1)
+
+
+_IDS, _POS = ("input_ids", None), ("input_pos", None)
 
 
 class Target:
@@ -118,22 +139,19 @@ class Target:
 
     def __init__(self, session: OrtSession, kv: WindowKV):
         self.session, self.kv = session, kv
-        self.layers = list(kv.buffers)
         self.calls = 0
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         return prompt_len + max_new_tokens
 
     def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
-        self.kv.check_room(pos, len(ids))
-        signature = "decode" if len(ids) == 1 else "verify" if pos else "prefill"
-        feeds = {("input_ids", None): np.asarray([ids], np.int64), ("input_pos", None): np.asarray([pos], np.int64)}
-        for layer in self.layers:
-            feeds[("past_key", layer)], feeds[("past_value", layer)] = self.kv.past(layer, pos)
-        out = self.session.run(signature, feeds)
-        for layer in self.layers:
-            self.kv.write(layer, pos, out[("new_key", layer)], out[("new_value", layer)])
-        self.kv.last.start, self.kv.last.end = pos, pos + len(ids)
+        n = len(ids)
+        self.kv.check_room(pos, n)
+        feeds = self.kv.windows(pos)
+        feeds[_IDS], feeds[_POS] = np.array([ids], np.int64), np.array([pos], np.int64)
+        out = self.session.run("decode" if n == 1 else "verify" if pos else "prefill", feeds)
+        self.kv.commit(pos, n, out)
+        self.kv.last.start, self.kv.last.end = pos, pos + n
         self.calls += 1
         return out[("logits", None)][0], out[("activations", None)][0]
 
@@ -142,23 +160,58 @@ class Drafter:
     def __init__(self, session: OrtSession, embeddings: Embeddings):
         self.session, self.embed = session, embeddings
         sig = session.backend.signatures["draft"]
-        self.store_inputs = [t for t in sig.inputs if t.role in ("store_key", "store_value")]
+        # (feed key, layer type, 0 for K / 1 for V) of each store-layer input, resolved once: this runs k times a round
+        self.store_inputs = [(t.key, t.layer_type, int(t.role == "store_value")) for t in sig.inputs
+                             if t.role in ("store_key", "store_value")]
         self.calls = 0
 
     def step(self, token: int, activations: np.ndarray, pos: int, view: dict) -> tuple[np.ndarray, np.ndarray]:
         feeds = {("inputs_embeds", None): self.embed(token), ("activations", None): activations.reshape(1, 1, -1),
-                 ("input_pos", None): np.asarray([pos], np.int64)}
-        for t in self.store_inputs:
-            k, v = view[t.layer_type]
-            feeds[t.key] = k if t.role == "store_key" else v
+                 ("input_pos", None): np.array([pos], np.int64)}
+        for key, layer_type, kv in self.store_inputs:
+            feeds[key] = view[layer_type][kv]
         out = self.session.run("draft", feeds)
         self.calls += 1
         return out[("logits", None)][0, -1], out[("projected_activations", None)][0, -1]
 
 
 def load(manifest: Manifest, backend: Backend, threads: int | None = None) -> tuple[Target, Drafter]:
-    session = OrtSession(manifest, backend, threads)
-    return Target(session, WindowKV(manifest)), Drafter(session, Embeddings(manifest, backend))
+    kv, embed = WindowKV(manifest), Embeddings(manifest, backend)
+    cores = os.cpu_count() or 1
+    if threads or cores == 1:
+        session = OrtSession.open(manifest, backend, threads or 1)
+    else:
+        session = pick_threads(manifest, backend, kv, embed, (1, cores))
+    return Target(session, kv), Drafter(session, embed)
+
+
+def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embeddings, candidates,
+                 repeats: int = 12) -> OrtSession:
+    """Per graph, the thread count whose decode (target) or draft step (drafter) is faster, timed interleaved;
+    within 10% the fewer threads win: they leave cores to the host and to other processes, whose load can come
+    and go after the pick (on a shared 2-core machine a 2-thread target waits for the busy core)."""
+    opened = [OrtSession.open(manifest, backend, n) for n in candidates]
+    times = {(n, g): [] for n in candidates for g in ("target", "drafter")}
+    pos = min(64, kv.capacity - 1)
+    for rep in range(repeats + 2):  # the first two passes only warm up
+        for n, session in zip(candidates, opened):
+            target, drafter = Target(session, kv), Drafter(session, embed)
+            t0 = time.perf_counter()
+            _, hidden = target.forward([0], pos)
+            t1 = time.perf_counter()
+            drafter.step(0, hidden[-1], pos, kv.drafter_view(pos, "clean"))
+            if rep >= 2:
+                times[n, "target"].append(t1 - t0)
+                times[n, "drafter"].append(time.perf_counter() - t1)
+    chosen, drafter_graph = {}, backend.signatures["draft"].graph
+    for graph in backend.graphs:
+        role = "drafter" if graph == drafter_graph else "target"
+        best = min(candidates, key=lambda n: statistics.median(times[n, role]))
+        fewest = min(candidates)
+        keep = statistics.median(times[fewest, role]) <= 1.10 * statistics.median(times[best, role])
+        chosen[graph] = fewest if keep else best
+    sessions = {g: opened[candidates.index(n)]._sessions[g] for g, n in chosen.items()}
+    return OrtSession(backend, sessions, chosen)
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
