@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="target weights: fp32 (default), fp16, int8 or int4 (weight-only, blockwise); quantized "
                         "graphs are measured against the float model and gated (see quant_fidelity.json)")
     p.add_argument("--drafter-quant", default=None, choices=QUANT_RECIPES, help="drafter weights (default: --quant)")
+    p.add_argument("--ple-quant", default="int8", choices=("int8", "int4"),
+                   help="per-layer-embedding table under --quant int8/int4: int8 (default) or int4 (half the bytes "
+                        "of the largest table; quant_fidelity.json shows what it costs)")
     p.add_argument("--block-size", type=int, default=32, choices=BLOCK_SIZES, help="int8/int4 block (default 32)")
     p.add_argument("--accuracy-level", type=int, default=4, choices=range(5), metavar="0-4",
                    help="ONNX MatMulNBits accuracy level: 4 = int8 activations, fastest on CPU (default 4)")
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = ExportConfig(target=args.target, drafter=args.drafter, out=args.out, backend=args.backend,
                        force=args.force, max_cache_len=args.max_cache_len, quant=args.quant,
-                       drafter_quant=args.drafter_quant, block_size=args.block_size,
+                       drafter_quant=args.drafter_quant, ple_quant=args.ple_quant, block_size=args.block_size,
                        accuracy_level=args.accuracy_level, quality_gate=args.quality_gate,
                        target_revision=args.target_revision, drafter_revision=args.drafter_revision,
                        reference_tokens=args.reference_tokens, check=args.check, prefill_len=args.prefill_len,

@@ -12,6 +12,7 @@ from mtpkit.extras import require
 from mtpkit.runtime.roles import BACKENDS
 
 QUANT_RECIPES = ("fp32", "fp16", "int8", "int4")  # "none" is accepted as fp32 (the earlier name)
+PLE_RECIPES = ("int8", "int4")  # the PLE table under int8 / int4 (a 4-bit PLE broke other toolchains)
 BLOCK_SIZES = (32, 64, 128)
 
 
@@ -25,6 +26,7 @@ class ExportConfig:
     max_cache_len: int = 4096  # KV capacity the runtime preallocates (prompt + generated tokens)
     quant: str = "fp32"  # target weights: fp32 | fp16 | int8 | int4 (weight-only, blockwise)
     drafter_quant: str | None = None  # drafter weights; None: the target's recipe
+    ple_quant: str = "int8"  # the per-layer-embedding table under int8 / int4: int8, or int4 only when asked
     block_size: int = 32  # int8 / int4 block along the input dimension
     accuracy_level: int = 4  # ONNX MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = unset
     quality_gate: bool = True  # fail a quantized export whose fidelity figures miss the recipe's gate
@@ -70,6 +72,9 @@ class ExportConfig:
             if recipe not in QUANT_RECIPES:
                 raise UsageError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, QUANT_RECIPES)}; "
                                  f"choose from {', '.join(QUANT_RECIPES)}")
+        if self.ple_quant not in PLE_RECIPES:
+            raise UsageError(f"unknown --ple-quant recipe {self.ple_quant!r}{_did_you_mean(self.ple_quant, PLE_RECIPES)}"
+                             f"; choose from {', '.join(PLE_RECIPES)}")
         if self.block_size not in BLOCK_SIZES:
             raise UsageError(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
         if self.accuracy_level not in range(5):

@@ -96,7 +96,8 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     float_figures = {kind: fidelity.runtime_figures(job.folder, reference, backend=kind) for kind in manifest.backends}
     cfg = job.cfg
     recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
-    backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level)
+    backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level,
+                                                     ple_bits=int(cfg.ple_quant[3:]))
                 for kind, backend in manifest.backends.items()}
     manifest = dataclasses.replace(manifest, backends=backends)
     manifest.save(job.folder)
@@ -190,7 +191,8 @@ def _manifest(job: ExportJob, target_src: Source, drafter_src: Source, backends:
                   "layers": [dataclasses.asdict(d) for d in job.kv_layers], "drafter_layers": job.store,
                   "sliding_past": tcfg.sliding_window - 1, "drafter_sliding_visible": tcfg.sliding_window + 1},
         backends=backends, hf_files=hf_files, root=job.folder,
-        quantization={"recipe": cfg.quant, "drafter_recipe": cfg.drafter_quant, "block_size": cfg.block_size,
+        quantization={"recipe": cfg.quant, "drafter_recipe": cfg.drafter_quant, "ple_recipe": cfg.ple_quant,
+                      "block_size": cfg.block_size,
                       "accuracy_level": cfg.accuracy_level, "kv_cache": "float32"})
 
 

@@ -94,20 +94,21 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
     return report
 
 
-def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], block_size: int) -> Path:
+def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], block_size: int,
+                     ple_bits: int = 8) -> Path:
     """A copy of the float export with the pair's recipes applied to every backend in it (the float export
-    itself for fp32-fp32)."""
+    itself for fp32-fp32); ple_bits=4 gives the per-layer-embedding table 4 bits too (`--ple-quant int4`)."""
     from mtpkit.runtime.manifest import load_manifest
 
     from .pipeline import _backend_module
 
     if pair == ("fp32", "fp32"):
         return float_dir
-    folder = exports / "-".join(pair)
+    folder = exports / ("-".join(pair) + ("-ple4" if ple_bits == 4 else ""))
     shutil.copytree(float_dir, folder)
     manifest = load_manifest(folder)
     recipes = {"target": pair[0], "drafter": pair[1]}
-    backends = {kind: _backend_module(kind).quantize(folder, backend, recipes, block_size)
+    backends = {kind: _backend_module(kind).quantize(folder, backend, recipes, block_size, ple_bits=ple_bits)
                 for kind, backend in manifest.backends.items()}
     dataclasses.replace(manifest, backends=backends).save(folder)
     return folder

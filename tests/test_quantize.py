@@ -129,3 +129,35 @@ def test_unknown_recipe_names_are_refused_in_one_line():
         ExportConfig(target="t", drafter="d", out="/nonexistent/x", drafter_quant="int44")
     with pytest.raises(ValueError, match="--block-size must be one of 32, 64, 128"):
         ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int4", block_size=48)
+
+
+def test_a_4_bit_ple_table_only_when_asked_and_its_cost_is_measured(tiny_exports, tiny_checkpoints, tmp_path):
+    """--ple-quant int4: the PLE table's GatherBlockQuantized at 4 bits, recorded; the fidelity figures of both."""
+    import json
+
+    from mtpkit.export import fidelity, quant_report
+    from mtpkit.export.config import ExportConfig
+    from mtpkit.export.checkpoint import resolve
+    from mtpkit.export.models import target_adapter
+    from mtpkit.runtime.engine import Engine, GenConfig
+    from mtpkit.runtime.manifest import load_manifest
+
+    src = tiny_exports("e2b_gemma4_centroid")
+    folders = {bits: quant_report.derive_quantized(src, tmp_path, ("int4", "int4"), 32, ple_bits=bits)
+               for bits in (8, 4)}
+    tables = {bits: load_manifest(f).backend("onnx").options["lookup_tables"] for bits, f in folders.items()}
+    assert list(tables[8].values()) == ["int8"] and list(tables[4].values()) == ["int4"]
+    graph_bytes = {bits: sum(g.bytes for g in load_manifest(f).backend("onnx").graphs.values())
+                   for bits, f in folders.items()}
+    assert graph_bytes[4] < graph_bytes[8]  # the PLE table's codes at half the bytes
+    target = target_adapter(source := resolve(str(tiny_checkpoints("e2b_gemma4_centroid")[0]), "target")).load(source)
+    reference = json.loads((src / "reference.json").read_text())
+    figures = {bits: fidelity.teacher_forced(f, target, reference) for bits, f in folders.items()}
+    assert all(0 < f["top1_agreement"] <= 1 for f in figures.values())
+    assert figures[4]["mean_kl"] != figures[8]["mean_kl"]  # the 4-bit table changed the logits: a cost to read
+    ids = [2] + list(range(40, 70))
+    engine = Engine(folders[4])
+    plain = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, mtp=False))]
+    assert [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))] == plain
+    with pytest.raises(ValueError, match=r"unknown --ple-quant recipe 'int2'"):
+        ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int4", ple_quant="int2")

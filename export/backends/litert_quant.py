@@ -22,7 +22,7 @@ _BLOCKWISE_OPS = ("FULLY_CONNECTED", "EMBEDDING_LOOKUP")  # aeq quantizes only t
 
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
-             accuracy_level: int = 4) -> Backend:
+             accuracy_level: int = 4, ple_bits: int = 8) -> Backend:
     """Rewrite the float .tflite files in folder in place with ai-edge-quantizer, a recipe per side
     ({"target": "int4", "drafter": "int8"}; "target" covers target, embedder and per_layer_embedder), and rebuild
     model.litertlm with the same bytes in its sections. Derived from a float export, so one export serves every
@@ -35,6 +35,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         picked per tensor where a width is not a multiple of it (_int4); as in gemma4_mixed48 the
         per-layer-embedding path keeps 8 bits (the per_layer_embedder table and the target's per_layer
         projections): a 4-bit PLE table is where Gemma 4 broke elsewhere. per_layer_embedder is recorded as int8.
+        ple_bits=4 (`--ple-quant int4`, only when asked) gives the PLE path 4 bits too.
     accuracy_level is ONNX Runtime's (MatMulNBits) and has no LiteRT counterpart; it is accepted and ignored.
     """
     folder = Path(folder)
@@ -49,7 +50,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         if name not in graphs or recipe == "fp32" or graphs[name].recipe != "fp32":
             continue  # float requested, or already quantized
         path = folder / graphs[name].file
-        stored, how = _quantize_tflite(path, name, recipe, block_size)
+        stored, how = _quantize_tflite(path, name, recipe, block_size, ple_bits)
         graphs[name] = dataclasses.replace(_graph_file(folder, graphs[name].file), recipe=stored)
         detail[name] = {"recipe": stored, **how}
         changed = True
@@ -74,12 +75,12 @@ def _graph_file(folder: Path, name: str) -> GraphFile:
 RECIPES = ("fp16", "int8", "int4")
 
 
-def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int) -> tuple[str, dict]:
+def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int, ple_bits: int = 8) -> tuple[str, dict]:
     """Quantize one .tflite in place; returns (the recipe it now carries, how: aeq rules, per-tensor exceptions)."""
     from ai_edge_quantizer import algorithm_manager, qtyping, quantizer
     from ai_edge_quantizer import recipe as aeq_recipes
 
-    if recipe == "int4" and name == "per_layer_embedder":
+    if recipe == "int4" and name == "per_layer_embedder" and ple_bits == 8:
         recipe = "int8"  # the PLE table keeps 8 bits (see quantize's docstring)
     qt = quantizer.Quantizer(str(path))
     rules: list[str] = []
@@ -94,7 +95,7 @@ def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int) -> tup
     else:
         how["block_size"] = block_size
         how["per_tensor_blocks"] = _int4(qt, path, block_size, rules,
-                                         keep_8bit="per_layer" if name == "target" else None)
+                                         keep_8bit="per_layer" if name == "target" and ple_bits == 8 else None)
     with _quiet_aeq(), np.errstate(invalid="ignore"):  # all-zero int4 blocks: 0/0, handled below
         data = bytearray(qt.quantize(enable_progress_bar=False, enable_progress_report=False).quantized_model)
     if recipe == "int4":

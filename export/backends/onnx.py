@@ -63,7 +63,7 @@ def _log_nodes(job: ExportJob, graphs: dict[str, GraphFile]) -> dict[str, int]:
 
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
-             accuracy_level: int = 4) -> Backend:
+             accuracy_level: int = 4, ple_bits: int = 8) -> Backend:
     """Rewrite float graphs in folder in place with a recipe per graph ({"target": "int4", "drafter": "int8"}):
     weight-only int8 / int4 MatMulNBits, or fp16 with the norms kept in fp32. The tied embedding / lm_head table
     is quantized once with the same recipe (MatMulNBits + GatherBlockQuantized over the same bytes, see
@@ -81,10 +81,10 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         if shared_name and recipe in ("int4", "int8"):  # the tied table quantized once: lm_head, lookup and host
             model, layout = quantize_shared_table(model, shared_name, bits=int(recipe[3:]), block_size=block_size,
                                                   accuracy_level=accuracy_level)
-            for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits under int4 and int8
-                model, _ = quantize_shared_table(model, table, bits=8, block_size=block_size,
+            for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
+                model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
                                                  accuracy_level=accuracy_level)
-                options["lookup_tables"] = {**options.get("lookup_tables", {}), table: "int8"}
+                options["lookup_tables"] = {**options.get("lookup_tables", {}), table: f"int{ple_bits}"}
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
             options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
         elif shared_name:  # the table's bytes (fp32, or fp16 under fp16) stay shared with the host lookup
