@@ -107,16 +107,22 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
 
 def _record_acceptance(manifest: Manifest, folder: Path, max_k: int = 8) -> Manifest:
     """Acceptance of draft i given drafts 1..i-1 were accepted, for the exported (final) graphs: the runtime,
-    greedy, clean hand-off, k = max_k on the reference prompts. The prior of `--num-assistant-tokens auto`;
-    a position never reached is recorded as 0 (auto still probes it)."""
+    greedy, clean hand-off, k = max_k on the reference prompts that fit the KV capacity. The prior of
+    `--num-assistant-tokens auto`; a position never reached is recorded as 0 (auto still probes it); nothing is
+    recorded when no prompt fits (auto then starts from its built-in prior)."""
     from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import conditional_acceptance
 
     engine = Engine(folder, threads=1)
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
-    runs = [run_once(engine, p["prompt_ids"], GenConfig(max_new_tokens=len(p["greedy_ids"]), num_assistant_tokens=max_k,
-                                                         schedule="constant")) for p in reference["prompts"]]
+    runs = []
+    for p in reference["prompts"]:
+        cfg = GenConfig(max_new_tokens=len(p["greedy_ids"]), num_assistant_tokens=max_k, schedule="constant")
+        if engine.target.positions_needed(len(p["prompt_ids"]), cfg.max_new_tokens) <= engine.kv.capacity:
+            runs.append(run_once(engine, p["prompt_ids"], cfg))
+    if not runs:
+        return manifest
     acceptance = [round(a or 0.0, 4) for a in conditional_acceptance(runs, max_k)]
     log.info("  drafter acceptance by position (greedy, k=%d, reference prompts): %s", max_k,
              " ".join(f"{a:.2f}" for a in acceptance))
