@@ -86,8 +86,8 @@ def test_manifest_records_sources_tokens_and_template(tiny_exports, tiny_checkpo
     assert manifest.tokens["eos"] == [1, 6] and manifest.tokens["bos"] == 2
     assert (manifest.root / manifest.tokenizer["chat_template_file"]).read_text().startswith("{{ bos_token }}")
     assert manifest.generation["num_assistant_tokens"] == 4
-    assert manifest.quantization == {"recipe": "fp32", "drafter_recipe": "fp32", "block_size": 32,
-                                     "accuracy_level": 4, "kv_cache": "float32"}
+    assert manifest.quantization == {"recipe": "fp32", "drafter_recipe": "fp32", "ple_recipe": "int8",
+                                     "block_size": 32, "accuracy_level": 4, "kv_cache": "float32"}
     assert {g.recipe for g in manifest.backend("onnx").graphs.values()} == {"fp32"}
     assert (manifest.root / manifest.hf_files["config"]).is_file()
     assert (manifest.root / manifest.hf_files["generation_config"]).is_file()
