@@ -12,6 +12,7 @@ from mtpkit.runtime.cost_model import Costs, best_k, expected_tokens, predict, r
 from mtpkit.runtime.sampling import Sampler, SamplingConfig
 from mtpkit.runtime.speculative import DraftSchedule, plain_generate, speculative_generate
 from mtpkit.runtime.stats import Stats, conditional_acceptance
+from test_speculative import V, FakeDrafter, FakeTarget, one_hot, rule  # the same fake pair, partly wrong below
 
 COSTS = Costs(draft=1.0, target=(10.0, 11.0, 12.0), round_host=0.5, draft_host=0.25, plain_host=0.3)
 
@@ -192,39 +193,13 @@ def test_schedule_validation():
     assert DraftSchedule("auto", 0, 4, policy=_policy(0.1)).k == 0  # auto may start on a plain round
 
 
-V = 50
-
-
-def _rule(token: int, pos: int) -> int:
-    return (7 * token + 3 * pos + 1) % V
-
-
-def _one_hot(i: int) -> np.ndarray:
-    x = np.full(V, -5.0, np.float32)
-    x[i] = 5.0
-    return x
-
-
-class _KV:
-    def drafter_view(self, pos, mode):
-        return {}
-
-
-class _Target:
-    kv = _KV()
-
-    def forward(self, ids, pos):
-        return (np.stack([_one_hot(_rule(t, pos + i)) for i, t in enumerate(ids)]),
-                np.array([[pos + i] for i in range(len(ids))], np.float32))
-
-
-class _Drafter:
+class _Drafter(FakeDrafter):
     """Right except at every 5th position, so rounds accept partially and auto varies k."""
 
     def step(self, token, hidden, pos, view):
         at = int(hidden[0]) + 1
-        guess = _rule(token, at)
-        return _one_hot(guess if at % 5 else (guess + 1) % V), np.array([at], np.float32)
+        guess = rule(token, at)
+        return one_hot(guess if at % 5 else (guess + 1) % V), np.array([at], np.float32)
 
 
 class _Scripted:
@@ -240,10 +215,10 @@ class _Scripted:
 @pytest.mark.parametrize("ks", [[0, 0, 5, 0, 1, 8, 2, 0, 3], [0] * 40, [7, 1, 0, 6]])
 def test_greedy_tokens_are_identical_whatever_k_the_policy_picks(ks):
     greedy = Sampler(SamplingConfig())
-    want = list(plain_generate(_Target(), [3, 4], greedy, 30, set()))
+    want = list(plain_generate(FakeTarget(), [3, 4], greedy, 30, set()))
     schedule = DraftSchedule("auto", ks[0], 16, _Scripted(ks[1:]))
     stats = Stats()
-    got = [t for t, _ in speculative_generate(_Target(), _Drafter(), [3, 4], greedy, schedule, 30, set(), stats=stats)]
+    got = [t for t, _ in speculative_generate(FakeTarget(), _Drafter(), [3, 4], greedy, schedule, 30, set(), stats=stats)]
     assert got == want
     assert stats.drafted == sum(d for d, _ in stats.per_round) and all(d > 0 for d, _ in stats.per_round)
 
