@@ -94,9 +94,20 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def check_safetensors(path: Path) -> None:
+def tensor_headers(folder: Path) -> dict[str, dict]:
+    """Every tensor's {"dtype", "shape", "data_offsets"} from the folder's safetensors headers; reads no weights."""
+    headers = {}
+    for f in safetensors_files(folder):
+        headers.update({k: v for k, v in check_safetensors(f).items() if k != "__metadata__"})
+    return headers
+
+
+def check_safetensors(path: Path) -> dict:
     """Refuse a truncated or garbled .safetensors file by name, from its header alone (8-byte length, JSON
-    header, data offsets that must end exactly at the end of the file), before torch or safetensors reads it."""
+    header, data offsets that must end exactly at the end of the file), before torch or safetensors reads it.
+
+    Returns:
+        the parsed header: tensor name -> {"dtype", "shape", "data_offsets"} (and "__metadata__")."""
     size = path.stat().st_size
     damaged = f"{path} is damaged or truncated ({size} bytes"
     with open(path, "rb") as f:
@@ -112,6 +123,7 @@ def check_safetensors(path: Path) -> None:
     if not isinstance(end, int) or isinstance(end, bool) or 8 + length + end != size:
         described = f"its header describes {8 + length + end} bytes" if isinstance(end, int) else "bad data offsets"
         raise CheckpointError(f"{damaged}, {described}); re-download the checkpoint")
+    return header
 
 
 def load_tensors(folder: Path, prefix: str, strip: str) -> dict:

@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--block-size", type=int, default=32, choices=BLOCK_SIZES, help="int8/int4 block (default 32)")
     p.add_argument("--accuracy-level", type=int, default=4, choices=range(5), metavar="0-4",
                    help="ONNX MatMulNBits accuracy level: 4 = int8 activations, fastest on CPU (default 4)")
+    p.add_argument("--no-fuse", dest="fuse", action="store_false",
+                   help="ONNX graphs of standard ops only, for runtimes older than ONNX Runtime 1.20 (about 1.4x "
+                        "slower per decode call; docs/performance.md)")
     p.add_argument("--no-quality-gate", dest="quality_gate", action="store_false",
                    help="warn instead of failing when a quantized graph misses its recipe's fidelity gate")
     p.add_argument("--target-revision", help="hub revision of the target")
@@ -52,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--num-draft", type=int, default=None,
                    help="LiteRT drafts per verify call, verify length = this + 1 (default: drafter's num_assistant_tokens)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the graph-vs-PyTorch check")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
+                   help="memory (GiB) the export may use at its peak; an export estimated to need more is refused "
+                        "before loading weights (default: MemAvailable)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
 
 
@@ -61,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = ExportConfig(target=args.target, drafter=args.drafter, out=args.out, backend=args.backend,
                        force=args.force, max_cache_len=args.max_cache_len, quant=args.quant,
                        drafter_quant=args.drafter_quant, ple_quant=args.ple_quant, block_size=args.block_size,
-                       accuracy_level=args.accuracy_level, quality_gate=args.quality_gate,
+                       accuracy_level=args.accuracy_level, fuse=args.fuse, quality_gate=args.quality_gate,
                        target_revision=args.target_revision, drafter_revision=args.drafter_revision,
                        reference_tokens=args.reference_tokens, check=args.check, prefill_len=args.prefill_len,
-                       num_draft=args.num_draft)
+                       num_draft=args.num_draft, memory_budget=args.memory_budget)
     from .pipeline import export_model
 
     out = export_model(cfg)  # GraphParityError and QualityGateError are MtpkitErrors: one line, exit 2

@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpkit.errors import UsageError
+from mtpkit.errors import UsageError, check_number
 from mtpkit.extras import require
 
 from mtpkit.runtime.roles import BACKENDS
@@ -28,6 +28,7 @@ class ExportConfig:
     drafter_quant: str | None = None  # drafter weights; None: the target's recipe
     ple_quant: str = "int8"  # the per-layer-embedding table under int8 / int4: int8, or int4 only when asked
     block_size: int = 32  # int8 / int4 block along the input dimension
+    fuse: bool = True  # ONNX: fused ORT kernels (RMSNorm, rotary, attention; ORT >= 1.20), or plain ONNX ops
     accuracy_level: int = 4  # ONNX MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = unset
     quality_gate: bool = True  # fail a quantized export whose fidelity figures miss the recipe's gate
     target_revision: str | None = None  # hub revision, for hub ids
@@ -36,6 +37,7 @@ class ExportConfig:
     check: bool = True  # verify every graph against PyTorch before declaring success
     prefill_len: int = 128  # LiteRT: static prefill chunk length (prompts are padded / chunked to it)
     num_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
+    memory_budget: float | None = None  # GiB the export may use at its peak (preflight.py); None: MemAvailable
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
@@ -57,6 +59,9 @@ class ExportConfig:
             raise UsageError("--prefill-len and --num-draft must be >= 1")
         if self.max_cache_len < 16:
             raise UsageError(f"--max-cache-len must be at least 16, got {self.max_cache_len}")
+        if self.memory_budget is not None:
+            object.__setattr__(self, "memory_budget", check_number("--memory-budget", self.memory_budget, 0,
+                                                                   low_open=True, hint="; give it in GiB, e.g. 20"))
         if self.reference_tokens < 1:
             raise UsageError(f"--reference-tokens must be at least 1, got {self.reference_tokens}")
         if self.out.exists() and not self.force:

@@ -1,7 +1,14 @@
 """Compare the ONNX graphs of two exports: node counts, and the time of one target decode call and one drafter
 draft call, the two exports interleaved round by round in one process so both see the same machine load.
 
-    python -m mtpkit.export.graph_bench BASELINE_DIR NEW_DIR [--past 100] [--rounds 15] [--calls 100]
+    python -m mtpkit.export.graph_bench BASELINE_DIR NEW_DIR [NEW_DIR ...] [--past 100] [--rounds 15] [--calls 100]
+
+e.g. what fusion and int8 weights buy on the trained tiny pair (docs/performance.md):
+
+    mtpkit export $PAIR/target --drafter $PAIR/drafter --out plain --no-fuse
+    mtpkit export $PAIR/target --drafter $PAIR/drafter --out fused
+    mtpkit export $PAIR/target --drafter $PAIR/drafter --out fused-int8 --quant int8
+    python -m mtpkit.export.graph_bench plain fused fused-int8
 
 Sessions are the runtime's own (runtime/backends/onnx.py OrtSession.open) with 1 intra-op thread. `floor` is
 the time of the target's weight MatMuls alone (same weights, run back to back): on CPU a decode call cannot get
@@ -40,13 +47,13 @@ def node_counts(folder: Path) -> dict[str, dict]:
     return counts
 
 
-def _feeds(manifest: Manifest, signature: str, past: int) -> dict:
-    """Random feeds keyed by TensorSpec.key for one call at position `past` with T = 1, windows as the runtime
-    passes them (sliding: the last W-1 entries; drafter: the store layers' entries up to and including pos)."""
+def _feeds(manifest: Manifest, signature: str, past: int, tokens: int = 1) -> dict:
+    """Random feeds keyed by TensorSpec.key for one call at position `past` with T = `tokens`, windows as the
+    runtime passes them (sliding: the last W-1 entries; drafter: the store layers' entries up to and including pos)."""
     rng = np.random.default_rng(0)
     sig = manifest.backend("onnx").signatures[signature]
     spec = manifest.kv_cache
-    windows = {"past_sliding": min(past, spec["sliding_past"]), "past_full": past,
+    windows = {"past_sliding": min(past, spec["sliding_past"]), "past_full": past, "T": tokens,
                "sliding_len": min(past + 1, spec["drafter_sliding_visible"]), "full_len": past + 1}
     feeds = {}
     for t in sig.inputs:
@@ -108,6 +115,15 @@ def time_calls(folders: list[Path], past: int = 100, rounds: int = 15, calls: in
         floor = _weights_floor(manifest)
         if floor is not None:
             runs[(str(folder), "floor")] = floor
+    result: dict[str, dict] = collections.defaultdict(dict)
+    for (folder, kind), seconds in time_interleaved(runs, rounds, calls).items():
+        result[folder][kind] = seconds
+    return dict(result)
+
+
+def time_interleaved(runs: dict, rounds: int = 15, calls: int = 100) -> dict:
+    """Median seconds per call of each zero-argument callable in `runs` (key -> call): every round times `calls`
+    calls of each in turn, so all see the same machine load; the result is the median of the rounds' medians."""
     samples = collections.defaultdict(list)
     for _ in range(rounds):
         for key, call in runs.items():
@@ -119,32 +135,34 @@ def time_calls(folders: list[Path], past: int = 100, rounds: int = 15, calls: in
                 call()
                 times.append(time.perf_counter() - start)
             samples[key].append(statistics.median(times))
-    result: dict[str, dict] = collections.defaultdict(dict)
-    for (folder, kind), values in samples.items():
-        result[folder][kind] = statistics.median(values)
-    return dict(result)
+    return {key: statistics.median(values) for key, values in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mtpkit.export.graph_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("baseline", type=Path, help="export folder to compare against")
-    p.add_argument("new", type=Path, help="export folder to measure")
+    p.add_argument("new", type=Path, nargs="+", help="export folders to measure")
     p.add_argument("--past", type=int, default=100, help="context length before the call (default 100)")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     p.add_argument("--calls", type=int, default=100, help="calls per kind and round (default 100)")
     args = p.parse_args(argv)
-    counts = {f: node_counts(f) for f in (args.baseline, args.new)}
-    for graph in counts[args.baseline]:
-        old, new = counts[args.baseline][graph], counts[args.new][graph]
-        print(f"{graph:8s} nodes {old['nodes']:5d} -> {new['nodes']:5d}   per layer {old['per_layer']:6.1f} -> "
-              f"{new['per_layer']:6.1f} ({new['per_layer'] / old['per_layer']:.1%}, {new['layers']} layers)")
-        print(f"         most frequent ops now: {dict(list(new['ops'].items())[:8])}")
-    times = time_calls([args.baseline, args.new], args.past, args.rounds, args.calls)
-    old, new = times[str(args.baseline)], times[str(args.new)]
+    counts = {f: node_counts(f) for f in (args.baseline, *args.new)}
+    times = time_calls([args.baseline, *args.new], args.past, args.rounds, args.calls)
+    for folder in args.new:
+        print(f"{args.baseline} -> {folder}")
+        _print_comparison(counts[args.baseline], counts[folder], times[str(args.baseline)], times[str(folder)])
+    return 0
+
+
+def _print_comparison(old_counts: dict, new_counts: dict, old: dict, new: dict) -> None:
+    for graph in old_counts:
+        before, after = old_counts[graph], new_counts[graph]
+        print(f"  {graph:8s} nodes {before['nodes']:5d} -> {after['nodes']:5d}   per layer {before['per_layer']:6.1f} "
+              f"-> {after['per_layer']:6.1f} ({after['per_layer'] / before['per_layer']:.1%}, {after['layers']} layers)")
+        print(f"           most frequent ops now: {dict(list(after['ops'].items())[:8])}")
     for kind in ("decode", "draft", "floor"):
         if kind in old and kind in new:
-            print(f"{kind:8s} {old[kind] * 1e3:.3f} ms -> {new[kind] * 1e3:.3f} ms   x{old[kind] / new[kind]:.2f}")
-    return 0
+            print(f"  {kind:8s} {old[kind] * 1e3:.3f} ms -> {new[kind] * 1e3:.3f} ms   x{old[kind] / new[kind]:.2f}")
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
 from . import backends as backends_pkg
 from . import fidelity
 from . import reference as reference_lib
-from . import outdir, verify
+from . import outdir, preflight, verify
 from .backends import ExportJob
 from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve, safetensors_files
 from .config import ExportConfig
 from .models import drafter_adapter, target_adapter
+from .phases import MB, PhaseLog, human_bytes
 from .scoped import import_quietly
 
 log = logging.getLogger("mtpkit")
@@ -44,32 +45,12 @@ def export_model(cfg: ExportConfig) -> Path:
     dad.check_compatible(tad.hf_config(target_src), dad.hf_config(drafter_src))  # before loading any weights
     _check_tokenizer(target_src)
     _check_files(cfg, tad.hf_config(target_src), target_src, drafter_src)
+    estimate = preflight.check(cfg, target_src, drafter_src)  # before any weights load or --out is touched
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     lock, tmp = outdir.claim(cfg.out, cfg.force), None  # one writer per folder; removes a killed run's leftovers
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{cfg.out.name}.partial-", dir=cfg.out.parent))
-        log.info("[1/5] loading target %s and drafter %s", cfg.target, cfg.drafter)
-        job = _job(cfg, tmp, tad.load(target_src), dad.load(drafter_src), tad, dad, target_src, drafter_src)
-        backends = {}
-        for kind in cfg.backend:  # onnx first: the other backends are checked against it
-            log.info("[2/5] exporting %s graphs", kind)
-            backends[kind] = _backend_module(kind).export(job)
-        hf_files, tokenizer = _copy_hf_files(target_src.folder, tmp)
-        manifest = _manifest(job, target_src, drafter_src, backends, tokenizer, hf_files)
-        log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)",
-                 reference_lib.DRAFT_LENGTHS)
-        manifest = dataclasses.replace(manifest, reference=_write_reference(job, manifest))
-        manifest.save(tmp)
-        if cfg.check:
-            log.info("[4/5] checking every graph against PyTorch")
-            _check_graphs(manifest, job, tmp)
-        if {cfg.quant, cfg.drafter_quant} != {"fp32"}:
-            log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",
-                     cfg.quant, cfg.drafter_quant)
-            manifest = _quantize(manifest, job)
-        manifest = _record_acceptance(manifest, tmp)
-        log.info("[5/5] writing %s", cfg.out)
-        _replace(tmp, cfg.out)
+        phases = _export_into(cfg, tmp, (target_src, drafter_src), (tad, dad), estimate)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -78,8 +59,46 @@ def export_model(cfg: ExportConfig) -> Path:
         raise
     finally:
         lock.release()
-    log.info("export finished in %.1f s", time.time() - started)
+    log.info("export finished in %.1f s, peak RSS %s (estimated %s)", time.time() - started,
+             human_bytes(phases.as_dict()["peak_rss_mb"] * MB), human_bytes(estimate.peak_bytes))
     return cfg.out
+
+
+def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate) -> PhaseLog:
+    """The five steps into the temporary folder tmp, then the rename to cfg.out; each phase is timed and its peak
+    RSS logged (export/phases.py) and recorded in manifest.json's `export` entry (all but the final write)."""
+    (target_src, drafter_src), (tad, dad), phases = sources, adapters, PhaseLog()
+    log.info("[1/5] loading target %s and drafter %s", cfg.target, cfg.drafter)
+    with phases.phase("[1/5]", "load"):
+        job = _job(cfg, tmp, tad.load(target_src), dad.load(drafter_src), tad, dad, target_src, drafter_src)
+    backends = {}
+    for kind in cfg.backend:  # onnx first: the other backends are checked against it
+        log.info("[2/5] exporting %s graphs", kind)
+        with phases.phase("[2/5]", f"{kind} graphs"):
+            backends[kind] = _backend_module(kind).export(job)
+    hf_files, tokenizer = _copy_hf_files(target_src.folder, tmp)
+    manifest = _manifest(job, target_src, drafter_src, backends, tokenizer, hf_files)
+    log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)",
+             reference_lib.DRAFT_LENGTHS)
+    with phases.phase("[3/5]", "reference"):
+        manifest = dataclasses.replace(manifest, reference=_write_reference(job, manifest))
+    manifest.save(tmp)
+    if cfg.check:
+        log.info("[4/5] checking every graph against PyTorch")
+        with phases.phase("[4/5]", "check"):
+            _check_graphs(manifest, job, tmp)
+    if {cfg.quant, cfg.drafter_quant} != {"fp32"}:
+        log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",
+                 cfg.quant, cfg.drafter_quant)
+        with phases.phase("[4/5]", "quantize"):
+            manifest = _quantize(manifest, job)
+    with phases.phase("[4/5]", "acceptance"):
+        manifest = _record_acceptance(manifest, tmp)
+    log.info("[5/5] writing %s", cfg.out)
+    with phases.phase("[5/5]", "write"):
+        dataclasses.replace(manifest, export={**phases.as_dict(), "preflight": estimate.as_dict()}).save(tmp)
+        _replace(tmp, cfg.out)
+    return phases
 
 
 def _job(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src) -> ExportJob:
@@ -207,7 +226,9 @@ def _json(path: Path) -> dict:
 
 
 def _source_entry(src: Source) -> dict:
-    return {"ref": src.ref, "revision": src.revision, "model_type": src.config.get("model_type"),
+    # folder: where the weights were read (absolute), so `bench --peers` finds them from any working directory
+    return {"ref": src.ref, "revision": src.revision, "folder": str(src.folder.resolve()),
+            "model_type": src.config.get("model_type"),
             "architectures": src.config.get("architectures"), "config_sha256": sha256_file(src.folder / "config.json")}
 
 

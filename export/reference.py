@@ -57,6 +57,27 @@ def record_drafts():
         yield rounds
 
 
+def greedy_kwargs(max_new_tokens: int, eos_ids: list[int]) -> dict:
+    """generate() arguments for greedy decoding that stops at the export's EOS ids (also `mtpkit bench --peers`)."""
+    return dict(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=eos_ids[0])
+
+
+def load_pair(target_src, drafter_src) -> tuple:
+    """Target and drafter as the exporter loads them (fp32, eval mode), with their generation_config.json as
+    from_pretrained would read it (the drafter's k and schedule)."""
+    from transformers import GenerationConfig
+
+    from .models import drafter_adapter, target_adapter
+
+    models = []
+    for src, adapter in ((target_src, target_adapter), (drafter_src, drafter_adapter)):
+        model = adapter(src).load(src)
+        if (src.folder / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(src.folder)
+        models.append(model)
+    return tuple(models)
+
+
 def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) -> tuple[dict, dict]:
     """Run transformers on every prompt.
 
@@ -64,7 +85,7 @@ def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) ->
         (json-able reference dict, arrays for reference.npz)
     """
     entries, arrays = [], {}
-    gen = dict(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=eos_ids[0])
+    gen = greedy_kwargs(max_new_tokens, eos_ids)
     with torch.no_grad(), patched(drafter.generation_config, "num_assistant_tokens",
                                   drafter.generation_config.num_assistant_tokens):
         for name, ids in prompts:

@@ -29,6 +29,8 @@ def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **opti
       reference_tokens=32    new tokens per prompt recorded from transformers for `mtpkit parity`
       prefill_len=128, num_draft=None     LiteRT static shapes (prefill chunk, drafts per verify call)
       target_revision=None, drafter_revision=None     hub revisions
+      memory_budget=None     GiB the export may use at its peak (default: MemAvailable); an export estimated to
+                             need more raises MemoryBudgetError before any weight loads (docs/export-memory.md)
     Needs the [export] extra (torch, transformers).
     """
     from mtpkit.extras import require

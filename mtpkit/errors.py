@@ -28,12 +28,20 @@ class ManifestError(MtpkitError, ValueError):
     """An export folder or manifest.json that cannot be used (missing, malformed, modified, from another version)."""
 
 
+class ModelOutputError(MtpkitError, ValueError):
+    """Logits a runtime cannot pick from (NaN): a damaged or over-quantized graph, not a bug in the loop."""
+
+
 class OutputBusyError(MtpkitError):
     """Another process is writing the same export folder."""
 
 
 class DiskFullError(MtpkitError, OSError):
     """The disk filled up while writing; the partial output was removed."""
+
+
+class MemoryBudgetError(MtpkitError):
+    """An export whose estimated peak memory exceeds what is available; refused before any weight is loaded."""
 
 
 def check_int(name: str, value, low: int | None = None, high: int | None = None, hint: str = "") -> int:

@@ -15,10 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mtpkit.errors import UsageError
+from mtpkit.extras import require
 
 from .auto import CostMeter, TimedDrafter, TimedTarget
 from .cost_model import best_k, predict
 from .engine import Engine, GenConfig
+from .peers import PeerPrompt
 from .stats import Stats, conditional_acceptance
 
 CATEGORIES = ("code", "structured", "rewrite", "prose")
@@ -53,13 +55,18 @@ class BenchConfig:
     max_k: int = 8  # constant draft lengths 1..max_k are measured and predicted
     num_assistant_tokens: int | str | None = None  # the "speculative" column: auto unless a k or schedule is given
     schedule: str | None = None
+    peers: bool = False  # also time transformers and LiteRT-LM on the same prompts (runtime/peers.py)
 
     def __post_init__(self):
+        if self.peers:  # before minutes of mtpkit's own bench: the transformers peers need torch
+            require("export", "mtpkit bench --peers (transformers generate() is a peer)")
         if self.repeats < 1:
             raise UsageError(f"--repeats must be >= 1 (got {self.repeats})")
         if self.max_k < 1:
             raise UsageError(f"--max-k must be >= 1 (got {self.max_k})")
         self.spec_config()  # GenConfig's own checks: k, schedule, max_new_tokens
+        if self.max_new_tokens < 3:  # the cost model needs a decode call after the prefill's token to be timed
+            raise UsageError(f"mtpkit bench needs --max-new-tokens >= 3 to time a decode call (got {self.max_new_tokens})")
 
     def spec_config(self) -> GenConfig:
         return GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=self.num_assistant_tokens,
@@ -219,6 +226,10 @@ def run_bench(export_dir, cfg: BenchConfig, prompts: list | None = None, threads
     progress: optional callable(str) told what runs now (the CLI's stderr progress line).
     """
     engine = Engine(export_dir, threads, backend)
+    if cfg.peers:  # their checkpoints are found before minutes of mtpkit's own bench, not after
+        from mtpkit.export.peers import resolve_sources
+
+        resolve_sources(engine.manifest)
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt("custom", f"prompt{i}", p)
              for i, p in enumerate(prompts or PROMPTS)]
     first = list(items[0].ids) if items[0].ids else engine.codec.encode(items[0].text)
@@ -230,9 +241,19 @@ def run_bench(export_dir, cfg: BenchConfig, prompts: list | None = None, threads
                 ) if progress else None
         rows.append(sweep_prompt(engine, prompt, cfg, tell))
     speedups = [r["speedup"] for r in rows if r["speedup"]]
-    return {"config": asdict(cfg), "backend": engine.backend.kind, "threads": _threads(engine),
-            "rows": rows, "categories": summarize(rows, cfg.max_k),
-            "median_speedup": statistics.median(speedups) if speedups else None}
+    report = {"config": asdict(cfg), "backend": engine.backend.kind, "threads": _threads(engine),
+              "rows": rows, "categories": summarize(rows, cfg.max_k),
+              "median_speedup": statistics.median(speedups) if speedups else None}
+    if cfg.peers:
+        from mtpkit.export.peers import run_peers  # torch: the [export] extra, checked in BenchConfig
+
+        report["peers"] = run_peers(engine, [_peer_prompt(engine, p) for p in items], cfg, threads, progress)
+    return report
+
+
+def _peer_prompt(engine: Engine, prompt: BenchPrompt) -> PeerPrompt:
+    ids = list(prompt.ids) if prompt.ids else engine.codec.encode(prompt.text)
+    return PeerPrompt(f"{prompt.category}/{prompt.name}", prompt.text or engine.codec.decode(ids), tuple(ids))
 
 
 def _threads(engine: Engine):

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import peers
+
 
 def _cell(pred, meas) -> str:
     return "-" if pred is None or meas is None else f"{pred:.2f}/{meas:.2f}"
@@ -38,6 +40,8 @@ def print_bench(report: dict, repeats: int) -> None:
     threads = f", threads {','.join(f'{g} {n}' for g, n in threads.items())}" if threads else ""
     print(f"median speedup {report['median_speedup']:.2f}x ({report['backend']}{threads}, auto vs plain on the same "
           f"graphs, {repeats} interleaved repeats)")
+    if report.get("peers"):
+        peers.print_peers(report["peers"])
 
 
 def to_markdown(report: dict) -> str:
@@ -54,7 +58,7 @@ def to_markdown(report: dict) -> str:
         per.append([r["prompt"], r["category"], f"{r['plain_ms_per_token']:.3f}",
                     *(_cell(x["predicted_speedup"], x["measured_speedup"]) for x in r["ks"]),
                     f"{r['speedup']:.2f}x", f"{r['spec_mean_k']:.2f}", str(r["chosen_k"])])
-    return "\n".join(lines + [_md(per), ""])
+    return "\n".join(lines + [_md(per), ""] + (peers.to_markdown(report["peers"]) if report.get("peers") else []))
 
 
 def _md(rows: list[list[str]]) -> str:

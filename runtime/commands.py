@@ -35,6 +35,14 @@ one JSON object per line: {"category": "code", "prompt": "def f(x):", "name": "o
 examples:
   mtpkit bench DIR --out out/bench
   mtpkit bench DIR --prompts prompts.jsonl --max-k 6 --repeats 5
+  mtpkit bench DIR --peers --out out/bench
+
+--peers adds a table: ms/token including prefill (wall time of each whole generate call / new tokens) for
+mtpkit's ONNX (and LiteRT) runtime, transformers PyTorch CPU generate() plain and with assistant_model=drafter on
+the checkpoints the manifest's source names, and the official LiteRT-LM runtime with speculation off and on, each
+as a ratio to mtpkit, runs interleaved; with the thread counts each used (--threads N: all use N; by default
+mtpkit picks per graph, torch gets the count mtpkit picked for its ONNX target graph, LiteRT-LM all cores as
+mtpkit's LiteRT backend).
 """
 
 
@@ -66,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--num-assistant-tokens", "-k", type=draft_length, default=None,
                        help="the speculative column: auto (default) or a fixed k")
         p.add_argument("--schedule", default=None, help="constant | heuristic | auto")
+        p.add_argument("--peers", action="store_true",
+                       help="also time transformers generate() (plain, assisted) and, for LiteRT exports, LiteRT-LM "
+                            "(speculation off, on) on the same prompts, as ratios to mtpkit [needs the export extra]")
         p.add_argument("--out", type=Path, help="write bench.json, bench.md and bench.png to this folder")
         p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
         return
@@ -172,7 +183,7 @@ def _bench(args) -> int:
     from .bench_report import Progress, write_report
 
     cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens, max_k=args.max_k,
-                      num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule)
+                      num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule, peers=args.peers)
     prompts = [*(load_prompts(args.prompts) if args.prompts else []), *(args.prompt or [])]
     progress = Progress(getattr(args, "quiet", False))
     try:

@@ -109,6 +109,7 @@ class Manifest:
     quantization: dict
     reference: dict | None = None
     hf_files: dict = field(default_factory=dict)  # the target's config.json / generation_config.json, copied
+    export: dict = field(default_factory=dict)  # how the export ran: per-phase time and peak RSS, the memory preflight
     root: Path = field(default=Path("."), compare=False)
 
     @property

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtpkit.errors import check_int, check_number
+from mtpkit.errors import ModelOutputError, check_int, check_number
+
+# a graph that yields NaN is damaged or quantized too far; parity says which graph
+NAN_LOGITS = ("the model's logits contain NaN: the export is damaged or quantized too far; run `mtpkit parity DIR` "
+              "or re-export it")
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ def _as_logits(logits) -> np.ndarray:
         raise ValueError(f"logits must be a non-empty 1-D array (got shape {x.shape}); pass one position at a time")
     m = x.max()  # max propagates NaN, so one reduction checks both cases (this runs per token)
     if m != m:
-        raise ValueError("logits contain NaN; check the model output")
+        raise ModelOutputError(NAN_LOGITS)
     if m == -np.inf:
         raise ValueError("all logits are -inf; at least one token must be allowed")
     return x
@@ -53,8 +57,8 @@ def _argmax(logits) -> int:
         raise ValueError(f"logits must be a non-empty 1-D array (got shape {x.shape}); pass one position at a time")
     i = int(x.argmax())
     if not x[i] > -np.inf:  # argmax stops at the first NaN, so one read of x[i] checks NaN and all -inf
-        raise ValueError("logits contain NaN; check the model output" if x[i] != x[i]
-                         else "all logits are -inf; at least one token must be allowed")
+        raise ModelOutputError(NAN_LOGITS) if x[i] != x[i] else ValueError(
+            "all logits are -inf; at least one token must be allowed")
     return i
 
 

@@ -9,6 +9,7 @@ allowed, as long as the dataclasses in manifest.py accept them.
 from __future__ import annotations
 
 import json
+import re
 from typing import Callable
 
 from mtpkit.errors import ManifestError
@@ -103,6 +104,11 @@ def _shape_dim(v, where) -> None:
         _fail(where, "a size (an integer >= 0) or a symbolic name", v)
 
 
+def _release(v, where) -> None:
+    if not (isinstance(v, str) and re.fullmatch(r"\d+\.\d+", v)):
+        _fail(where, 'a release like "1.20"', v)
+
+
 TENSOR = fields({"name": STR, "role": one_of(*ROLES), "shape": items(_shape_dim), "dtype": dtype},
                 {"layer": optional(integer()), "seq_axis": optional(integer()), "layer_type": optional(STR)})
 SIGNATURE = fields({"graph": STR, "inputs": items(TENSOR), "outputs": items(TENSOR)},
@@ -111,7 +117,8 @@ GRAPH = fields({"file": STR, "sha256": STR, "bytes": integer(0, 2**63 - 1), "bac
                {"data_files": mapping(STR), "recipe": STR})
 EMBEDDING = fields({"file": STR, "dtype": STR, "shape": items(integer(1), 2), "scale": NUMBER}, {"offset": integer()})
 BACKEND = fields({"kind": STR, "kv_io": one_of("window", "state"), "graphs": mapping(GRAPH, 1),
-                  "signatures": mapping(SIGNATURE, 1)}, {"options": fields({}, {"embedding": EMBEDDING})})
+                  "signatures": mapping(SIGNATURE, 1)}, {"options": fields({}, {"embedding": EMBEDDING,
+                                                                  "min_onnxruntime": optional(_release)})})
 LAYER_TYPES = ("sliding_attention", "full_attention")
 KV_ROLES = ("past_key", "past_value", "new_key", "new_value", "kv_key", "kv_value", "store_key", "store_value")
 KV_LAYER = fields({"layer": integer(), "type": one_of(*LAYER_TYPES),
@@ -129,7 +136,7 @@ MANIFEST = fields({
                         "drafter_layers": fields({t: integer() for t in LAYER_TYPES})}),
     "backends": mapping(BACKEND, 1),
 }, {"reference": optional(fields({"file": STR, "draft_lengths": items(integer(1))}, {"arrays": STR})),
-    "hf_files": mapping(STR)})
+    "hf_files": mapping(STR), "export": DICT})
 
 
 def _check_kv_tensors(tensors: list[dict], layers: set, where: str) -> None:

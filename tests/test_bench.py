@@ -40,6 +40,7 @@ def test_prompts_file_lines_are_checked_and_named(tmp_path):
     (dict(num_assistant_tokens=0), "--num-assistant-tokens must be >= 1 or 'auto'"),
     (dict(num_assistant_tokens="auto", schedule="heuristic"), "contradict each other"),
     (dict(max_new_tokens=0), "--max-new-tokens must be >= 1"),
+    (dict(max_new_tokens=2), "needs --max-new-tokens >= 3"),
 ])
 def test_bench_config_validation(kwargs, needle):
     with pytest.raises(ValueError, match=needle):

@@ -115,14 +115,53 @@ def test_graphs_are_fused_within_the_node_budget(tiny_exports, name):
         assert FUSED_OPS <= set(c["ops"]) and not UNFUSED_OPS & set(c["ops"]), (graph, c["ops"])
 
 
-def test_graph_bench_reports_nodes_and_call_times(tiny_exports, capsys):
+@pytest.fixture(scope="module")
+def unfused_export(tiny_checkpoints, tmp_path_factory):
+    """e2b_gemma4_centroid exported with --no-fuse (standard ONNX ops only), parity-checked like any export."""
+    import mtpkit
+
+    target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
+    return mtpkit.export_pair(target, drafter, tmp_path_factory.mktemp("unfused") / "out", fuse=False,
+                              reference_tokens=8, max_cache_len=256)
+
+
+def test_no_fuse_exports_standard_ops_that_run_on_older_runtimes(unfused_export, tiny_exports):
+    from mtpkit.export.graph_bench import node_counts
+
+    for graph, c in node_counts(unfused_export).items():
+        assert UNFUSED_OPS & set(c["ops"]) and not FUSED_OPS - {"Gelu"} & set(c["ops"]), (graph, c["ops"])
+    assert "min_onnxruntime" not in load_manifest(unfused_export).backend("onnx").options
+    assert load_manifest(tiny_exports("e2b_gemma4_centroid")).backend("onnx").options["min_onnxruntime"] == "1.20"
+    from mtpkit.cli import main
+
+    assert main(["--quiet", "parity", str(unfused_export)]) == 0  # token-for-token with transformers
+
+
+@pytest.mark.parametrize("installed, needed, ok", [("1.17.3", "1.20", False), ("1.19.2", "1.20", False),
+                                                   ("1.20.0", "1.20", True), ("1.27.0+cpu", "1.20", True),
+                                                   ("1.17.3", None, True)])
+def test_fused_graphs_on_an_older_onnxruntime_are_one_line(installed, needed, ok):
+    from mtpkit.errors import ManifestError
+    from mtpkit.runtime.backends.onnx import _check_version
+
+    if ok:
+        _check_version(installed, needed)
+    else:
+        with pytest.raises(ManifestError, match=r"need onnxruntime >= 1\.20 \(installed .*--no-fuse"):
+            _check_version(installed, needed)
+
+
+def test_graph_bench_reports_nodes_and_call_times(tiny_exports, unfused_export, capsys):
     from mtpkit.export import graph_bench
 
     out = tiny_exports("e2b_gemma4_centroid")
-    assert graph_bench.main([str(out), str(out), "--past", "20", "--rounds", "1", "--calls", "3"]) == 0
+    args = [str(unfused_export), str(out), str(out), "--past", "20", "--rounds", "1", "--calls", "3"]
+    assert graph_bench.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines if not line.startswith(" ")] == ["target", "drafter", "decode",
-                                                                              "draft", "floor"]
+    assert [line.split()[0] for line in lines] == [str(unfused_export), "target", "most", "drafter", "most", "decode",
+                                                   "draft", "floor"] * 2
+    per_layer = [line.split()[7:10:2] for line in lines if line.split()[0] in ("target", "drafter")]
+    assert all(float(after) <= 0.5 * float(before) for before, after in per_layer)  # what fusion removes
 
 
 def test_export_records_the_drafters_acceptance_prior(tiny_exports):

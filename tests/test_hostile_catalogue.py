@@ -242,6 +242,26 @@ def _resigned_truncated_graph(c: Ctx):
     return c.run(folder=folder)
 
 
+def _resigned_nan_graph(c: Ctx):
+    """A norm weight of the target set to NaN and the graph re-signed: it loads, and NaN reaches every logit."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    folder = c.export_copy()
+    path = folder / "target.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    scales = {n.input[1] for n in model.graph.node if n.op_type.endswith("SimplifiedLayerNormalization")}
+    norm = next(t for t in model.graph.initializer if t.name in scales)
+    norm.CopyFrom(numpy_helper.from_array(np.full(tuple(norm.dims), np.nan, np.float32), norm.name))
+    onnx.save(model, str(path))
+    m = json.loads((folder / "manifest.json").read_text())
+    entry = m["backends"]["onnx"]["graphs"]["target"]
+    entry["sha256"], entry["bytes"] = _sha(path), path.stat().st_size
+    (folder / "manifest.json").write_text(json.dumps(m))
+    return c.run(folder=folder)
+
+
 def _litert_file(c: Ctx, name: str):
     """A copy whose manifest also declares a LiteRT graph `name`, which is then truncated: refused by its sha256
     before anything is loaded (so no LiteRT export is needed)."""
@@ -331,6 +351,10 @@ ROWS = [
     ("export-out-exists", _out_exists, "already exists; pass --force"),
     ("export-out-is-a-file", _out_is_file, "exists and is not a folder"),
     ("export-out-busy", _busy, "is being written by another mtpkit export (pid"),
+    ("export-memory-budget-too-small", lambda c: c.export("--memory-budget", "0.05"),
+     "more than the 51 MB available (--memory-budget); no --backend / --quant choice fits"),
+    ("export-memory-budget-not-positive", lambda c: c.export("--memory-budget", "0"),
+     "--memory-budget must be in (0, inf] and finite (got 0.0)"),
     ("cli-misspelt-command", lambda c: ["exprot", "x"], "invalid choice: 'exprot' (did you mean 'export'?)"),
     ("run-missing-folder", lambda c: c.run(folder=c.tmp / "nope"), "is not a folder"),
     ("run-no-manifest", _no_manifest, "has no manifest.json"),
@@ -357,6 +381,7 @@ ROWS = [
      "target.onnx does not match the sha256"),
     ("run-onnx-corrupted", lambda c: _file_edit(c, "drafter.onnx", _flip), "drafter.onnx does not match the sha256"),
     ("run-onnx-truncated-resigned", _resigned_truncated_graph, "the onnx graphs in"),
+    ("run-onnx-nan-weights-resigned", _resigned_nan_graph, "the model's logits contain NaN"),
     ("run-embeddings-bin-truncated", lambda c: _file_edit(c, "embeddings.bin", _truncate),
      "embeddings.bin does not match the sha256"),
     ("run-tflite-truncated", lambda c: _litert_file(c, "target.tflite"), "target.tflite does not match the sha256"),

@@ -180,7 +180,6 @@ def export(job: ExportJob) -> Backend:
     """The LiteRT graphs and .litertlm bundle into job.folder; their manifest entry."""
     info = export_litert(job.target_folder, job.drafter, job.target, job.folder, prefill_len=job.cfg.prefill_len,
                          cache_len=job.cfg.max_cache_len, num_draft=job.num_draft)
-    log.info("  LiteRT export took %.1f s, peak memory %.0f MB", info["export_seconds"], info["peak_rss_mb"])
     return manifest_entry(job.folder, info)
 
 

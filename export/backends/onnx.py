@@ -41,15 +41,19 @@ def export(job: ExportJob) -> Backend:
     """target.onnx + drafter.onnx + embeddings.bin into job.folder; their manifest entry."""
     sigs = signatures(job.kv_layers, job.store, job.hidden, job.vocab)
     t_path, d_path = job.folder / "target.onnx", job.folder / "drafter.onnx"
+    fuse = job.cfg.fuse
     export_graph(job.target_adapter.TargetStep(job.target), sigs["verify"], _target_sample(job.kv_layers), t_path,
-                 fused=functools.partial(job.target_adapter.fused_ops, job.target))
+                 fused=functools.partial(job.target_adapter.fused_ops, job.target) if fuse else None)
     export_graph(job.drafter_adapter.DraftStep(job.drafter), sigs["draft"], _draft_sample(job, job.hidden), d_path,
-                 fused=functools.partial(job.drafter_adapter.fused_ops, job.drafter))
+                 fused=functools.partial(job.drafter_adapter.fused_ops, job.drafter) if fuse else None)
     embed = job.target.model.embed_tokens
     embedding = share_embedding(t_path, embed.weight.detach().numpy())
     embedding["scale"] = float(embed.embed_scale.to(embed.weight.dtype))
     graphs = {name: _graph_file(job.folder, p) for name, p in (("target", t_path), ("drafter", d_path))}
-    return Backend("onnx", "window", graphs, sigs, {"embedding": embedding, "nodes": _log_nodes(job, graphs)})
+    options = {"embedding": embedding, "nodes": _log_nodes(job, graphs)}
+    if fuse:  # the contrib kernels' oldest ORT with MultiHeadAttention's grouped mask (onnx_fusions.py)
+        options["min_onnxruntime"] = "1.20"
+    return Backend("onnx", "window", graphs, sigs, options)
 
 
 def _log_nodes(job: ExportJob, graphs: dict[str, GraphFile]) -> dict[str, int]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..embedding_table import QuantizedTable
 from ..handoff import CacheFullError, LastCall, drafter_ranges
-from ..manifest import Backend, Manifest
+from ..manifest import Backend, Manifest, ManifestError
 
 
 class OrtSession:
@@ -46,6 +46,7 @@ class OrtSession:
     def open(cls, manifest: Manifest, backend: Backend, threads: int) -> "OrtSession":
         import onnxruntime as ort
 
+        _check_version(ort.__version__, backend.options.get("min_onnxruntime"))
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -62,6 +63,16 @@ class OrtSession:
         graph, inputs, output_names, output_keys = self._io[signature]
         values = self._run[graph](output_names, {name: feeds[key] for name, key in inputs}, None)
         return dict(zip(output_keys, values))
+
+
+def _check_version(installed: str, needed: str | None) -> None:
+    """Fused graphs on an older ONNX Runtime fail deep in session creation; say so in one line instead."""
+    def release(v: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in v.split("+")[0].split(".")[:2] if p.isdigit())
+
+    if needed and release(installed) < release(needed):
+        raise ManifestError(f"this export's fused ONNX graphs need onnxruntime >= {needed} (installed {installed}): "
+                            "upgrade onnxruntime, or re-export with --no-fuse")
 
 
 class WindowKV:

@@ -1,0 +1,109 @@
+"""Wall time and peak resident memory per export phase, logged and recorded in manifest.json's `export` entry.
+
+The peak is the larger of two Linux figures, since each misses what the other sees: the kernel's high-water mark
+(VmHWM in /proc/self/status, reset per phase by writing "5" to /proc/self/clear_refs), which the kernel updates
+only when memory is unmapped, and a thread sampling VmRSS every 20 ms, which misses short spikes. Without /proc
+(macOS) it is ru_maxrss, the process's peak so far: an upper bound. A child's peak (RUSAGE_CHILDREN) is added
+when it grew during the phase; no exporter spawns one today (litert-torch's export_hf converts in-process).
+The reset also lowers what getrusage and time(1) report for the process: read its peak from PhaseLog instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import resource
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("mtpkit")
+
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+MB = 1 << 20
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        found = re.search(rf"^{key}:\s+(\d+) kB", STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
+
+
+def _reset_high_water_mark() -> bool:
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _maxrss_bytes(who: int) -> int:
+    # ru_maxrss is in KiB on Linux and in bytes on macOS
+    return resource.getrusage(who).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+
+class _Sampler(threading.Thread):
+    """The largest VmRSS seen while it runs, sampled every 20 ms."""
+
+    def __init__(self):
+        super().__init__(daemon=True, name="mtpkit-rss-sampler")
+        self.peak_kb, self.done = _status_kb("VmRSS") or 0, threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.02):
+            self.peak_kb = max(self.peak_kb, _status_kb("VmRSS") or 0)
+
+
+@contextlib.contextmanager
+def peak_rss():
+    """Yields a dict that holds, once the block ends, `bytes`: the peak resident memory during the block."""
+    result, children = {"bytes": 0}, _maxrss_bytes(resource.RUSAGE_CHILDREN)
+    exact = _status_kb("VmHWM") is not None and _reset_high_water_mark()
+    sampler = _Sampler() if _status_kb("VmRSS") is not None else None
+    if sampler:
+        sampler.start()
+    try:
+        yield result
+    finally:
+        if sampler:
+            sampler.done.set()
+            sampler.join()
+            result["sampled"] = max(sampler.peak_kb, _status_kb("VmRSS") or 0) * 1024
+        if exact:
+            result["hwm"] = (_status_kb("VmHWM") or 0) * 1024
+        own = max(result.get("sampled", 0), result.get("hwm", 0)) or _maxrss_bytes(resource.RUSAGE_SELF)
+        child = _maxrss_bytes(resource.RUSAGE_CHILDREN)
+        result["bytes"] = own + (child if child > children else 0)
+
+
+@dataclass
+class PhaseLog:
+    """The export's phases in order: name, wall seconds, peak RSS (MB)."""
+
+    phases: list[dict] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def phase(self, step: str, name: str):
+        """Measure one phase; logs `[step] name: 12.3 s, peak RSS 1.4 GB` when it ends (nothing when it fails)."""
+        started = time.perf_counter()
+        with peak_rss() as peak:
+            yield
+        seconds = time.perf_counter() - started
+        self.phases.append({"phase": name, "seconds": round(seconds, 2), "peak_rss_mb": round(peak["bytes"] / MB, 1)})
+        log.info("  %s %s: %.1f s, peak RSS %s", step, name, seconds, human_bytes(peak["bytes"]))
+        log.debug("  %s peak RSS: high-water mark %s, sampled %s", name, peak.get("hwm"), peak.get("sampled"))
+
+    def as_dict(self) -> dict:
+        """The manifest's `export.phases` entry plus the whole export's peak and time."""
+        return {"phases": list(self.phases),
+                "peak_rss_mb": max((p["peak_rss_mb"] for p in self.phases), default=0.0),
+                "seconds": round(sum(p["seconds"] for p in self.phases), 2)}
+
+
+def human_bytes(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GB" if n >= 1 << 30 else f"{n / MB:.0f} MB"

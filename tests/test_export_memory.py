@@ -1,0 +1,171 @@
+"""The export's memory preflight (export/preflight.py) and its per-phase time / peak RSS (export/phases.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from mtpkit import cli
+from mtpkit.errors import MemoryBudgetError
+from mtpkit.export import preflight
+from mtpkit.export.checkpoint import resolve
+from mtpkit.export.config import ExportConfig
+from mtpkit.export.phases import PhaseLog
+
+E2B = "e2b_gemma4_centroid"  # `mtpkit make-tiny --shape e2b`: E2B's structure at hidden 64, vocab 512
+
+
+def _sources(tiny_checkpoints, name=E2B):
+    target, drafter = tiny_checkpoints(name)
+    return resolve(str(target), "target"), resolve(str(drafter), "drafter")
+
+
+def _cfg(tmp_path, tiny_checkpoints, **options) -> ExportConfig:
+    target, drafter = tiny_checkpoints(E2B)
+    return ExportConfig(target=str(target), drafter=str(drafter), out=tmp_path / "out", **options)
+
+
+def _no_weights(monkeypatch):
+    """Any weight read fails the test: the preflight must decide from config.json and headers alone."""
+    import safetensors
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were read before the preflight decided")
+
+    monkeypatch.setattr(safetensors, "safe_open", refuse)
+
+
+def test_too_small_a_budget_is_refused_in_one_line_before_loading(tmp_path, tiny_checkpoints, capsys, monkeypatch):
+    target, drafter = tiny_checkpoints(E2B)
+    out = tmp_path / "out"
+    _no_weights(monkeypatch)
+    rc = cli.main(["-q", "export", str(target), "--drafter", str(drafter), "--out", str(out), "--memory-budget",
+                   "0.05", "--backend", "onnx"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("mtpkit export: error: this export needs an estimated "), lines[0]
+    assert "more than the 51 MB available (--memory-budget)" in lines[0] and "Traceback" not in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no --out, no lock, no partial folder
+
+
+def test_memavailable_is_the_default_budget(tmp_path, tiny_checkpoints, monkeypatch):
+    monkeypatch.setattr(preflight, "available_bytes", lambda: 64 << 20)
+    with pytest.raises(MemoryBudgetError, match=r"more than the 64 MB available \(MemAvailable\)"):
+        preflight.check(_cfg(tmp_path, tiny_checkpoints), *_sources(tiny_checkpoints))
+    monkeypatch.setattr(preflight, "available_bytes", lambda: None)  # no /proc/meminfo: estimate, never refuse
+    assert preflight.check(_cfg(tmp_path, tiny_checkpoints), *_sources(tiny_checkpoints)).budget_source == "unknown"
+
+
+def test_a_large_budget_passes_and_the_export_goes_on_to_load(tmp_path, tiny_checkpoints, monkeypatch):
+    from mtpkit.export import pipeline
+    from mtpkit.export.models import gemma4_text
+
+    estimate = preflight.check(_cfg(tmp_path, tiny_checkpoints, memory_budget=1000), *_sources(tiny_checkpoints))
+    assert estimate.budget == 1000 << 30 and estimate.budget_source == "--memory-budget"
+    assert 0 < estimate.peak_bytes < estimate.budget and estimate.as_dict()["estimated_peak_mb"] > 0
+
+    class Loading(Exception):
+        pass
+
+    def load(source):
+        raise Loading  # stop where the weights would load; nothing may be left behind
+    monkeypatch.setattr(gemma4_text, "load", load)
+    with pytest.raises(Loading):
+        pipeline.export_model(_cfg(tmp_path, tiny_checkpoints, memory_budget=1000))
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_header_counts_equal_the_loaded_models(tiny_checkpoints):
+    from mtpkit.export.models import drafter_adapter, target_adapter
+
+    target, drafter = _sources(tiny_checkpoints)
+    w = preflight.read_weights(target, drafter)
+    loaded_t, loaded_d = target_adapter(target).load(target), drafter_adapter(drafter).load(drafter)
+    count = lambda model: sum(t.numel() for t in model.state_dict().values())  # noqa: E731
+    assert w.target == count(loaded_t) - loaded_t.lm_head.weight.numel()  # tied: stored once
+    assert w.drafter == count(loaded_d) - loaded_d.lm_head.weight.numel()
+    assert w.ple == loaded_t.model.embed_tokens_per_layer.weight.numel() and w.converted < w.fp32
+
+
+def _weights(scale: int = 1, stored_bf16: bool = False) -> preflight.Weights:
+    """E2B's published parameter counts (docs: text target 4628.6 M, PLE 2348.8 M; drafter 77.7 M) / scale."""
+    target, drafter = 4_628_600_000 // scale, 77_730_000 // scale
+    return preflight.Weights(target=target, drafter=drafter, ple=2_348_800_000 // scale,
+                             converted=2 * (target + drafter) if stored_bf16 else 0)
+
+
+def _plan(backend=("onnx",), quant="fp32", ple_quant="int8", check=True):
+    """What phases() reads of an ExportConfig, without the extras a LiteRT ExportConfig requires."""
+    return SimpleNamespace(backend=backend, quant=quant, drafter_quant=quant, ple_quant=ple_quant, check=check,
+                           block_size=32)
+
+
+def test_estimate_grows_with_parameters():
+    small, large = preflight.phases(_plan(), _weights(64)), preflight.phases(_plan(), _weights(1))
+    assert all(large[k] > small[k] for k in small)
+    assert max(large.values()) > 20 << 30  # E2B in fp32 does not fit this machine's 24 GB (see docs/export-memory.md)
+    bf16 = preflight.phases(_plan(), _weights(1, stored_bf16=True))
+    assert bf16["load"] > large["load"] and bf16["onnx graphs"] == large["onnx graphs"]
+
+
+def test_estimate_shrinks_with_smaller_recipes_and_backends():
+    w = _weights(64)
+    quantize = [preflight.phases(_plan(quant=q), w)["quantize"] for q in ("fp16", "int8", "int4")]
+    assert quantize[0] > quantize[1] > quantize[2]
+    assert preflight.phases(_plan(quant="int4", ple_quant="int4"), w)["quantize"] < quantize[2]
+    # quantized graphs are derived from the float export, so no recipe lowers the peak below fp32's
+    for backend in (("onnx",), ("onnx", "litert")):
+        peaks = [max(preflight.phases(_plan(backend, q), w).values()) for q in ("fp32", "fp16", "int8", "int4")]
+        assert peaks[1:] == sorted(peaks[1:], reverse=True) and peaks[-1] >= peaks[0]
+    assert max(preflight.phases(_plan(("onnx", "litert")), w).values()) > max(preflight.phases(_plan(), w).values())
+    assert "check" not in preflight.phases(_plan(check=False), w)
+
+
+def _has_litert() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("litert_torch") is not None
+
+
+def test_refusal_names_the_options_that_fit(tmp_path, tiny_checkpoints):
+    if not _has_litert():
+        pytest.skip("needs the [litert] extra to build a LiteRT config")
+    w = _weights(64)
+    cfg = _cfg(tmp_path, tiny_checkpoints, backend="onnx,litert", quant="int4")
+    onnx_only = max(preflight.phases(dataclasses.replace(cfg, backend=("onnx",)), w).values())
+    both = max(preflight.phases(cfg, w).values())
+    estimate = preflight.Estimate(preflight.phases(cfg, w), (onnx_only + both) // 2, "--memory-budget")
+    message = preflight._refusal(cfg, w, estimate)
+    assert "options that fit: --backend onnx (" in message and "\n" not in message
+    nothing = preflight.Estimate(estimate.phases, 1 << 20, "MemAvailable")
+    assert "no --backend / --quant choice fits" in preflight._refusal(cfg, w, nothing)
+
+
+def test_phase_log_times_and_measures_each_phase(caplog):
+    phases = PhaseLog()
+    with caplog.at_level(logging.INFO, logger="mtpkit"):
+        with phases.phase("[2/5]", "onnx graphs"):
+            block = bytearray(64 << 20)
+            block[::4096] = b"\x01" * len(block[::4096])  # touch every page
+            del block
+    line = next(r.getMessage() for r in caplog.records if "onnx graphs:" in r.getMessage())
+    assert line.startswith("  [2/5] onnx graphs: ") and ", peak RSS " in line
+    (entry,) = phases.as_dict()["phases"]
+    assert entry["phase"] == "onnx graphs" and entry["seconds"] > 0 and entry["peak_rss_mb"] >= 64
+
+
+def test_manifest_records_phase_stats_and_the_preflight(tiny_exports):
+    from mtpkit.runtime.manifest import load_manifest
+
+    folder = tiny_exports(E2B)
+    stats = json.loads((folder / "manifest.json").read_text())["export"]
+    assert load_manifest(folder).export == stats  # the schema and the dataclass accept it
+    names = [p["phase"] for p in stats["phases"]]
+    assert names == ["load", "onnx graphs", "reference", "check", "acceptance"]
+    assert all(p["seconds"] > 0 and p["peak_rss_mb"] > 0 for p in stats["phases"])
+    assert stats["peak_rss_mb"] == max(p["peak_rss_mb"] for p in stats["phases"]) and stats["seconds"] > 0
+    assert stats["preflight"]["estimated_peak_mb"] > 0 and stats["preflight"]["budget_source"] == "MemAvailable"
