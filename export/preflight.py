@@ -25,12 +25,12 @@ from pathlib import Path
 from mtpkit.errors import CheckpointError, MemoryBudgetError
 
 from .checkpoint import Source, tensor_headers
-from .phases import human_bytes
+from .models import target_adapter
+from .phases import MB, human_bytes
 
 log = logging.getLogger("mtpkit")
 
 GB = 1 << 30  # --memory-budget is in GiB, like every size mtpkit prints
-MB = 1 << 20
 # The process without weights: the interpreter, torch, transformers, onnx, onnxruntime (the tiny e2b export's
 # largest phase: 581 MB); litert adds litert-torch, TensorFlow Lite and ai-edge-quantizer (953 MB).
 BASE = {"onnx": 600 * MB, "litert": 1000 * MB}
@@ -70,7 +70,7 @@ class Weights:
 
 def read_weights(target: Source, drafter: Source) -> Weights:
     """Count from the headers only: the same prefixes the model adapters load (export/models/)."""
-    prefix = "model.language_model." if target.config.get("model_type") == "gemma4" else "model."
+    prefix = target_adapter(target).weight_prefix(target)
     t = {k: _size(k, v, target.folder) for k, v in tensor_headers(target.folder).items() if k.startswith(prefix)}
     d = {k: _size(k, v, drafter.folder) for k, v in tensor_headers(drafter.folder).items()}
     elements = lambda sizes, suffix="": sum(n for k, (n, _) in sizes.items() if k.endswith(suffix))  # noqa: E731

@@ -37,7 +37,7 @@ def print_bench(report: dict, repeats: int) -> None:
     for r in rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
     threads = report.get("threads")
-    threads = f", threads {','.join(f'{g} {n}' for g, n in threads.items())}" if threads else ""
+    threads = f", threads {peers.format_threads(threads)}" if threads else ""
     print(f"median speedup {report['median_speedup']:.2f}x ({report['backend']}{threads}, auto vs plain on the same "
           f"graphs, {repeats} interleaved repeats)")
     if report.get("peers"):

@@ -134,12 +134,12 @@ def table_rows(sec: dict) -> list[list[str]]:
     for r in sec["rows"]:
         same = "reference" if r["name"] == sec["reference"] else (
             f"{r['same_tokens']}/{r['compared']}" if r["compared"] else "-")
-        rows.append([r["name"], _threads(r["threads"]), f"{r['ms_per_token']:.3f}", verdict(r) or "-", same,
+        rows.append([r["name"], format_threads(r["threads"]), f"{r['ms_per_token']:.3f}", verdict(r) or "-", same,
                      r["note"]])
     return rows
 
 
-def _threads(threads) -> str:
+def format_threads(threads) -> str:
     if isinstance(threads, dict):
         return ",".join(f"{g} {n}" for g, n in threads.items())
     return str(threads)

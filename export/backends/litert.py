@@ -12,10 +12,8 @@ import contextlib
 import dataclasses
 import json
 import logging
-import resource
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -204,8 +202,7 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
         d = files[graph]["signatures"][name]
         sigs[key] = Signature(graph, [TensorSpec(**t) for t in d["inputs"]], [TensorSpec(**t) for t in d["outputs"]],
                               d.get("num_tokens"), name)
-    options = {k: info[k] for k in ("cache_len", "verify_len", "num_draft", "mask", "kv_cache", "drafter_visibility",
-                                    "export_seconds", "peak_rss_mb")}
+    options = {k: info[k] for k in ("cache_len", "verify_len", "num_draft", "mask", "kv_cache", "drafter_visibility")}
     options["prefill"] = names["prefill"]
     options["bundle"] = {"file": bundle, "sections": info["bundle"].get("sections")}
     return Backend("litert", "state", graphs, sigs, options)
@@ -229,9 +226,9 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
         target_model: the loaded Gemma4ForCausalLM (its config gives KV owners and store layers).
         out_dir: an existing folder; only files inside it are written, temporaries are removed.
     Returns:
-        the description of every file and signature (see describe()), plus export_seconds and peak_rss_mb.
+        the description of every file and signature (see describe()); the pipeline's PhaseLog records this
+        phase's time and peak RSS (export/phases.py).
     """
-    started = time.time()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     scratch = Path(tempfile.mkdtemp(prefix=".litert-", dir=out_dir))
     try:
@@ -249,8 +246,6 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
         shutil.rmtree(scratch, ignore_errors=True)
     info = describe(out_dir, target_model.config, prefill_len=prefill_len, cache_len=cache_len,
                     num_draft=num_draft)
-    info["export_seconds"] = round(time.time() - started, 1)
-    info["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return info
 
 

@@ -52,11 +52,15 @@ def load(source: Source) -> nn.Module:
     config = hf_config(source)
     with torch.device("meta"):
         model = Gemma4ForCausalLM(config)
-    # gemma4 (multimodal) checkpoints keep the text model under model.language_model.
-    prefix = "model.language_model." if source.config.get("model_type") == "gemma4" else "model."
-    state = load_tensors(source.folder, prefix, "model.")
+    state = load_tensors(source.folder, weight_prefix(source), "model.")
     _load_state(model, state, source)
     return model.float().eval()
+
+
+def weight_prefix(source: Source) -> str:
+    """Where the text model's weights sit in the checkpoint: gemma4 (multimodal) keeps them under
+    model.language_model."""
+    return "model.language_model." if source.config.get("model_type") == "gemma4" else "model."
 
 
 def _load_state(model: nn.Module, state: dict, source: Source) -> None:
