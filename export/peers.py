@@ -96,8 +96,7 @@ def _engines(engine, threads: int | None) -> tuple[dict, list[str]]:
 
 def _engine_threads(engine, threads: int | None = None):
     """What mtpkit runs with: ONNX records its per-graph pick; LiteRT uses --threads or all cores."""
-    session = getattr(engine._raw[0], "session", None)
-    return getattr(session, "threads", None) or threads or os.cpu_count() or 1
+    return engine.threads or threads or os.cpu_count() or 1
 
 
 def _target_threads(engine) -> int | None:

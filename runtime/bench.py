@@ -241,7 +241,7 @@ def run_bench(export_dir, cfg: BenchConfig, prompts: list | None = None, threads
                 ) if progress else None
         rows.append(sweep_prompt(engine, prompt, cfg, tell))
     speedups = [r["speedup"] for r in rows if r["speedup"]]
-    report = {"config": asdict(cfg), "backend": engine.backend.kind, "threads": _threads(engine),
+    report = {"config": asdict(cfg), "backend": engine.backend.kind, "threads": engine.threads,
               "rows": rows, "categories": summarize(rows, cfg.max_k),
               "median_speedup": statistics.median(speedups) if speedups else None}
     if cfg.peers:
@@ -254,11 +254,6 @@ def run_bench(export_dir, cfg: BenchConfig, prompts: list | None = None, threads
 def _peer_prompt(engine: Engine, prompt: BenchPrompt) -> PeerPrompt:
     ids = list(prompt.ids) if prompt.ids else engine.codec.encode(prompt.text)
     return PeerPrompt(f"{prompt.category}/{prompt.name}", prompt.text or engine.codec.decode(ids), tuple(ids))
-
-
-def _threads(engine: Engine):
-    session = getattr(engine._raw[0], "session", None)
-    return getattr(session, "threads", None)
 
 
 def summarize(rows: list[dict], max_k: int) -> dict:

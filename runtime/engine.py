@@ -71,6 +71,12 @@ class Engine:
         self.codec = TextCodec(self.manifest)
         self.policy: AutoPolicy | None = None  # the auto schedule's state, kept across runs (see auto_policy)
 
+    @property
+    def threads(self) -> dict | None:
+        """Intra-op threads per graph as the backend opened them (ONNX: its per-graph pick); None when the
+        backend does not say (LiteRT: --threads or all cores)."""
+        return getattr(getattr(self._raw[0], "session", None), "threads", None)
+
     def schedule(self, cfg: GenConfig) -> DraftSchedule:
         if cfg.auto:
             cap = cfg.draft_cap if self.max_draft is None else min(cfg.draft_cap, self.max_draft)

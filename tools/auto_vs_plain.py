@@ -40,7 +40,7 @@ def main() -> None:
             for mode, cfg in modes.items():
                 engine = Engine(args.export, args.threads)
                 stats = run_once(engine, ids, cfg)
-                threads[mode].add(str(getattr(engine._raw[0], "session").threads))
+                threads[mode].add(str(engine.threads))
                 ms[mode].append(ms_per_token(stats))
                 if mode == "auto":
                     drafted.append(f"{stats.accepted}/{stats.drafted} ({stats.new_tokens})")

@@ -91,7 +91,7 @@ def main() -> None:
     print(f"| setting ({cores} cores) | threads picked | " + " | ".join(f"{k} ms" for k in keys) + " |")
     print("|---|---|" + "---|" * len(keys))
     for name, r in rows.items():
-        picked = engines[name]._raw[0].session.threads
+        picked = engines[name].threads
         print(f"| {name} | {picked} | " + " | ".join(f"{statistics.median(r[k]):.2f}" for k in keys) + " |")
 
 
