@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mtpkit.runtime.roles import BACKENDS
 
-from .config import BLOCK_SIZES, QUANT_RECIPES  # torch-free, so --help works in the runtime-only install
+from .config import BLOCK_SIZES, DTYPES, QUANT_RECIPES  # torch-free, so --help works in the runtime-only install
 
 log = logging.getLogger("mtpkit")
 
@@ -34,12 +34,13 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         "checked against; default onnx)")
     p.add_argument("--max-cache-len", type=int, default=4096, help="KV capacity in tokens (default 4096)")
     p.add_argument("--quant", default="fp32", choices=QUANT_RECIPES,
-                   help="target weights: fp32 (default), fp16, int8 or int4 (weight-only, blockwise); quantized "
+                   help="target weights: fp32 (default), fp16, int8 or int4 (weight-only, blockwise), or "
+                        "int8-dynamic (per-channel int8 weights, int8 activations at run time); quantized "
                         "graphs are measured against the float model and gated (see quant_fidelity.json)")
     p.add_argument("--drafter-quant", default=None, choices=QUANT_RECIPES, help="drafter weights (default: --quant)")
     p.add_argument("--ple-quant", default="int8", choices=("int8", "int4"),
-                   help="per-layer-embedding table under --quant int8/int4: int8 (default) or int4 (half the bytes "
-                        "of the largest table; quant_fidelity.json shows what it costs)")
+                   help="per-layer-embedding table under --quant int8/int4/int8-dynamic: int8 (default) or int4 "
+                        "(half the bytes of the largest table; quant_fidelity.json shows what it costs)")
     p.add_argument("--block-size", type=int, default=32, choices=BLOCK_SIZES, help="int8/int4 block (default 32)")
     p.add_argument("--accuracy-level", type=int, default=4, choices=range(5), metavar="0-4",
                    help="ONNX MatMulNBits accuracy level: 4 = int8 activations, fastest on CPU (default 4)")
@@ -55,6 +56,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--num-draft", type=int, default=None,
                    help="LiteRT drafts per verify call, verify length = this + 1 (default: drafter's num_assistant_tokens)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the graph-vs-PyTorch check")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="what the exporter holds the target's weights in while it works: auto (default: the "
+                        "checkpoint's own dtype, bf16 for the hub's Gemma 4), fp32, bf16 or fp16. The graphs are the "
+                        "same either way (weights are upcast exactly as they are written); bf16 halves the memory "
+                        "an fp32 copy would take")
     p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="memory (GiB) the export may use at its peak; an export estimated to need more is refused "
                         "before loading weights (default: MemAvailable)")
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                        accuracy_level=args.accuracy_level, fuse=args.fuse, quality_gate=args.quality_gate,
                        target_revision=args.target_revision, drafter_revision=args.drafter_revision,
                        reference_tokens=args.reference_tokens, check=args.check, prefill_len=args.prefill_len,
-                       num_draft=args.num_draft, memory_budget=args.memory_budget)
+                       num_draft=args.num_draft, memory_budget=args.memory_budget, dtype=args.dtype)
     from .pipeline import export_model
 
     out = export_model(cfg)  # GraphParityError and QualityGateError are MtpkitErrors: one line, exit 2

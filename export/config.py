@@ -11,9 +11,12 @@ from mtpkit.extras import require
 
 from mtpkit.runtime.roles import BACKENDS
 
-QUANT_RECIPES = ("fp32", "fp16", "int8", "int4")  # "none" is accepted as fp32 (the earlier name)
+# "none" is accepted as fp32 (the earlier name). int8-dynamic: per-channel int8 weights, activations quantized at
+# run time (ONNX Runtime's quantize_dynamic; on LiteRT the same graphs as int8, which is dynamic-range already)
+QUANT_RECIPES = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
 PLE_RECIPES = ("int8", "int4")  # the PLE table under int8 / int4 (a 4-bit PLE broke other toolchains)
 BLOCK_SIZES = (32, 64, 128)
+DTYPES = ("auto", "fp32", "bf16", "fp16")  # what the exporter holds the target's weights in (models/gemma4_text.py)
 
 
 @dataclass(frozen=True)
@@ -24,9 +27,9 @@ class ExportConfig:
     backend: tuple[str, ...] = ("onnx",)  # graph formats to write
     force: bool = False  # replace an existing out folder
     max_cache_len: int = 4096  # KV capacity the runtime preallocates (prompt + generated tokens)
-    quant: str = "fp32"  # target weights: fp32 | fp16 | int8 | int4 (weight-only, blockwise)
+    quant: str = "fp32"  # target weights: fp32 | fp16 | int8 | int4 (weight-only, blockwise) | int8-dynamic
     drafter_quant: str | None = None  # drafter weights; None: the target's recipe
-    ple_quant: str = "int8"  # the per-layer-embedding table under int8 / int4: int8, or int4 only when asked
+    ple_quant: str = "int8"  # the per-layer-embedding table under the int recipes: int8, or int4 only when asked
     block_size: int = 32  # int8 / int4 block along the input dimension
     fuse: bool = True  # ONNX: fused ORT kernels (RMSNorm, rotary, attention; ORT >= 1.20), or plain ONNX ops
     accuracy_level: int = 4  # ONNX MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = unset
@@ -38,6 +41,7 @@ class ExportConfig:
     prefill_len: int = 128  # LiteRT: static prefill chunk length (prompts are padded / chunked to it)
     num_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
     memory_budget: float | None = None  # GiB the export may use at its peak (preflight.py); None: MemAvailable
+    dtype: str = "auto"  # the target's weights while exporting: the checkpoint's own dtype, or fp32 | bf16 | fp16
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
@@ -62,6 +66,9 @@ class ExportConfig:
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", check_number("--memory-budget", self.memory_budget, 0,
                                                                    low_open=True, hint="; give it in GiB, e.g. 20"))
+        if self.dtype not in DTYPES:
+            raise UsageError(f"unknown --dtype {self.dtype!r}{_did_you_mean(self.dtype, DTYPES)}; "
+                             f"choose from {', '.join(DTYPES)}")
         if self.reference_tokens < 1:
             raise UsageError(f"--reference-tokens must be at least 1, got {self.reference_tokens}")
         if self.out.exists() and not self.force:

@@ -70,28 +70,10 @@ def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, 
     (target_src, drafter_src), (tad, dad), phases = sources, adapters, PhaseLog()
     log.info("[1/5] loading target %s and drafter %s", cfg.target, cfg.drafter)
     with phases.phase("[1/5]", "load"):
-        job = _job(cfg, tmp, tad.load(target_src), dad.load(drafter_src), tad, dad, target_src, drafter_src)
-    backends = {}
-    for kind in cfg.backend:  # onnx first: the other backends are checked against it
-        log.info("[2/5] exporting %s graphs", kind)
-        with phases.phase("[2/5]", f"{kind} graphs"):
-            backends[kind] = _backend_module(kind).export(job)
-    hf_files, tokenizer = _copy_hf_files(target_src.folder, tmp)
-    manifest = _manifest(job, target_src, drafter_src, backends, tokenizer, hf_files)
-    log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)",
-             reference_lib.DRAFT_LENGTHS)
-    with phases.phase("[3/5]", "reference"):
-        manifest = dataclasses.replace(manifest, reference=_write_reference(job, manifest))
-    manifest.save(tmp)
-    if cfg.check:
-        log.info("[4/5] checking every graph against PyTorch")
-        with phases.phase("[4/5]", "check"):
-            _check_graphs(manifest, job, tmp)
-    if {cfg.quant, cfg.drafter_quant} != {"fp32"}:
-        log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",
-                 cfg.quant, cfg.drafter_quant)
-        with phases.phase("[4/5]", "quantize"):
-            manifest = _quantize(manifest, job)
+        job = _job(cfg, tmp, tad.load(target_src, estimate.dtype), dad.load(drafter_src), tad, dad, target_src, drafter_src)
+    log.info("  target weights held in %s", str(next(job.target.parameters()).dtype).removeprefix("torch."))
+    with tad.fp32_compute(job.target):  # PyTorch computes in fp32 whatever the weights are held in (--dtype)
+        manifest = _graphs_checked(cfg, job, phases, sources)
     with phases.phase("[4/5]", "acceptance"):
         manifest = _record_acceptance(manifest, tmp)
     log.info("[5/5] writing %s", cfg.out)
@@ -99,6 +81,33 @@ def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, 
         dataclasses.replace(manifest, export={**phases.as_dict(), "preflight": estimate.as_dict()}).save(tmp)
         _replace(tmp, cfg.out)
     return phases
+
+
+def _graphs_checked(cfg: ExportConfig, job: ExportJob, phases: PhaseLog, sources: tuple) -> Manifest:
+    """Steps 2-4: every backend's graphs, the transformers reference, the check against PyTorch, quantization."""
+    target_src, drafter_src = sources
+    backends = {}
+    for kind in cfg.backend:  # onnx first: the other backends are checked against it
+        log.info("[2/5] exporting %s graphs", kind)
+        with phases.phase("[2/5]", f"{kind} graphs"):
+            backends[kind] = _backend_module(kind).export(job)
+    hf_files, tokenizer = _copy_hf_files(target_src.folder, job.folder)
+    manifest = _manifest(job, target_src, drafter_src, backends, tokenizer, hf_files)
+    log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)",
+             reference_lib.DRAFT_LENGTHS)
+    with phases.phase("[3/5]", "reference"):
+        manifest = dataclasses.replace(manifest, reference=_write_reference(job, manifest))
+    manifest.save(job.folder)
+    if cfg.check:
+        log.info("[4/5] checking every graph against PyTorch")
+        with phases.phase("[4/5]", "check"):
+            _check_graphs(manifest, job, job.folder)
+    if {cfg.quant, cfg.drafter_quant} != {"fp32"}:
+        log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",
+                 cfg.quant, cfg.drafter_quant)
+        with phases.phase("[4/5]", "quantize"):
+            manifest = _quantize(manifest, job)
+    return manifest
 
 
 def _job(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src) -> ExportJob:

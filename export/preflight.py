@@ -1,11 +1,15 @@
 """Memory preflight: the export's peak resident memory, estimated from the checkpoints' headers before any weight
 is loaded, and a one-line refusal when it exceeds the memory available (MemAvailable, or --memory-budget).
 
-The model (bytes; W = the fp32 weights the exporter holds, target text weights + drafter, 4 bytes per parameter):
+The model (bytes; W = the target's text weights + the drafter's at 4 bytes per parameter, H = the same weights as
+the exporter holds them: the target in --dtype, the drafter in fp32):
 
-    peak(phase) = BASE[backends] + W * (1 + GROWTH[phase])   (+ the stored copy of non-fp32 weights while loading)
-                                                               (+ the quantized weights while quantizing)
+    peak(phase) = BASE[backends] + H + W * GROWTH[phase]   (+ the stored copy of converted weights while loading)
+                                                            (+ the quantized weights while quantizing)
     peak = max over the phases this export runs
+
+`--dtype auto` holds the target in fp32 when that fits the budget (PyTorch's phases run fastest), else in the
+checkpoint's own dtype (bf16 on the hub: half the bytes, the same graphs).
 
 BASE and GROWTH were measured with export/phases.py (the larger of VmHWM and a 20 ms VmRSS sampler, per phase) on
 the tiny fixtures: `mtpkit make-tiny --shape e2b` (weights ~3.5 MB: BASE) and `--shape e2b-wide` (0.15 B
@@ -36,22 +40,36 @@ GB = 1 << 30  # --memory-budget is in GiB, like every size mtpkit prints
 BASE = {"onnx": 600 * MB, "litert": 1000 * MB}
 # Extra copies of W at each phase's peak beyond the model itself; e2b-wide's measured peak in MiB (W = 580.5):
 GROWTH = {
-    "load": 0.0,  # the model takes the read tensors over (assign=True); + the stored copy of non-fp32 files
-    #               (bf16: 1263 = base + W + the bf16 copy; fp32 files stay mmapped and are read lazily: 398)
-    "onnx graphs": 2.9,  # torch.export's constants, the ONNX IR and its serialization, share_embedding (2839)
+    "load": 0.0,  # the model takes the read tensors over (assign=True); + the stored copy of converted files
+    #               (bf16 file held fp32: 1263 = base + W + the bf16 copy; held as stored: mmapped, read lazily: 397)
+    "onnx graphs": 0.15,  # streamed (onnx_stream.py): the IR, one tensor in flight (fp32 held 1159, bf16 held 971)
     "litert graphs": 4.3,  # export_hf loads the checkpoint again and converts it to flatbuffers (4078, 4084)
-    "reference": 0.1,  # transformers generate() on the loaded model (1137)
+    "reference": 0.2,  # transformers generate(); bf16 held: each weight upcast as used (fp32 1119, bf16 993)
     "check": 1.25,  # ONNX Runtime sessions of the fp32 graphs beside the PyTorch model (1881)
     "acceptance": 1.25,  # the runtime on the final graphs; runs with --no-check too (1871)
     # the float graphs loaded again and quantized beside them, then measured (int4: onnx 2321; onnx + litert 3994)
     "onnx quantize": 1.8,
+    # int8 / int4 are packed tensor by tensor from the float graph's mapped data (onnx_stream.py): what stays
+    # resident after the check, no more (e2b-wide int4: 1766, beside the check's 1763; 2321 loading the graph)
+    "onnx quantize streamed": 1.25,
     "litert quantize": 3.0,
 }
+# ONNX int8-dynamic's quantize_dynamic reads its own shape-inferred copy of the float graph: e2b-wide's quantize
+# phase peaked at 3010 MiB against int4's 2321 (docs/export-memory.md)
+DYNAMIC_QUANTIZE_EXTRA = 1.1
+# Stored bytes per weight; the blockwise recipes add one fp32 scale per block (int8-dynamic: one per output channel)
+BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "int8-dynamic": 1}
+BLOCKWISE = ("int8", "int4")
+STREAMED = ("int8", "int4")  # ONNX recipes quantized tensor by tensor; fp16 and int8-dynamic load the whole graph
 # What stays resident after the LiteRT phase, in W: the phases after it measured ~1 W above the ONNX-only export's
 # (reference 2189 vs 1137, check 2844 vs 1881, beyond the larger BASE); freed memory the allocator keeps, or a copy.
 LITERT_KEPT = 1.0
 ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                  "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+HELD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+STORED = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -62,10 +80,19 @@ class Weights:
     drafter: int
     ple: int  # of the target's: the per-layer-embedding table (kept at --ple-quant under int8 / int4)
     converted: int  # stored bytes of tensors not already fp32: alive beside their fp32 copies while loading
+    stored: str = "fp32"  # the target's weights' dtype in the files (fp32 | bf16 | fp16), "mixed" otherwise
 
     @property
     def fp32(self) -> int:
         return 4 * (self.target + self.drafter)
+
+    def held(self, dtype: str) -> int:
+        """Bytes the loaded models take with the target held in dtype (the drafter stays fp32)."""
+        return HELD_BYTES[dtype] * self.target + 4 * self.drafter
+
+    def load_extra(self, dtype: str) -> int:
+        """Stored bytes alive beside their converted copies while loading: none when held as stored."""
+        return 0 if dtype == self.stored else self.converted
 
 
 def read_weights(target: Source, drafter: Source) -> Weights:
@@ -74,8 +101,10 @@ def read_weights(target: Source, drafter: Source) -> Weights:
     t = {k: _size(k, v, target.folder) for k, v in tensor_headers(target.folder).items() if k.startswith(prefix)}
     d = {k: _size(k, v, drafter.folder) for k, v in tensor_headers(drafter.folder).items()}
     elements = lambda sizes, suffix="": sum(n for k, (n, _) in sizes.items() if k.endswith(suffix))  # noqa: E731
+    dtypes = {STORED.get(v["dtype"], "mixed") for k, v in tensor_headers(target.folder).items() if k.startswith(prefix)}
     return Weights(target=elements(t), drafter=elements(d), ple=elements(t, "embed_tokens_per_layer.weight"),
-                   converted=sum(n * b for n, b in (*t.values(), *d.values()) if b != 4))
+                   converted=sum(n * b for n, b in (*t.values(), *d.values()) if b != 4),
+                   stored=dtypes.pop() if len(dtypes) == 1 else "mixed")
 
 
 def _size(name: str, entry, folder: Path) -> tuple[int, int]:
@@ -90,26 +119,41 @@ def _size(name: str, entry, folder: Path) -> tuple[int, int]:
                               "(or a dtype mtpkit cannot load); re-download the checkpoint") from None
 
 
-def phases(cfg, w: Weights) -> dict[str, int]:
-    """Estimated peak bytes of each phase this export (cfg: ExportConfig) runs, in order."""
-    base = BASE["onnx"]  # litert-torch and TensorFlow Lite are imported by the LiteRT phase, and stay
-    out = {"load": int(base + w.fp32 + w.converted)}
+def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
+    """Estimated peak bytes of each phase this export (cfg: ExportConfig) runs, in order, with the target's
+    weights held in dtype (fp32 | bf16 | fp16)."""
+    base, held = BASE["onnx"], w.held(dtype)  # litert-torch and TensorFlow Lite are imported by the LiteRT phase
+    out = {"load": int(base + held + w.load_extra(dtype))}
     for kind in cfg.backend:
-        out[f"{kind} graphs"] = int(max(base, BASE[kind]) + w.fp32 * (1 + GROWTH[f"{kind} graphs"]))
+        out[f"{kind} graphs"] = int(max(base, BASE[kind]) + held + w.fp32 * GROWTH[f"{kind} graphs"])
         if kind == "litert":
             base = BASE["litert"] + LITERT_KEPT * w.fp32
     later = [("reference", 0), ("check", 0) if cfg.check else None,
              ("quantize", quantized_bytes(cfg, w)) if {cfg.quant, cfg.drafter_quant} != {"fp32"} else None,
              ("acceptance", 0)]
-    growth = {**GROWTH, "quantize": max(GROWTH[f"{kind} quantize"] for kind in cfg.backend)}
-    out.update({name: int(base + w.fp32 * (1 + growth[name]) + extra) for name, extra in filter(None, later)})
+    streamed = {cfg.quant, cfg.drafter_quant} <= {"fp32", *STREAMED}
+    onnx = GROWTH["onnx quantize streamed" if streamed else "onnx quantize"]
+    growth = {**GROWTH, "quantize": max(onnx if kind == "onnx" else GROWTH[f"{kind} quantize"] for kind in cfg.backend)}
+    if "int8-dynamic" in (cfg.quant, cfg.drafter_quant) and "onnx" in cfg.backend:
+        growth["quantize"] = max(growth["quantize"], GROWTH["onnx quantize"] + DYNAMIC_QUANTIZE_EXTRA)
+    out.update({name: int(base + held + w.fp32 * growth[name] + extra) for name, extra in filter(None, later)})
     return out
+
+
+def held_dtype(cfg, w: Weights, budget: int | None) -> str:
+    """--dtype, resolved: auto holds the target in fp32 when that export fits the budget (PyTorch runs fastest
+    on fp32: e2b-wide's reference took 48 s against 139 s held bf16), else in its stored dtype."""
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    stored = w.stored if w.stored in HELD_BYTES else "fp32"
+    if budget is None or max(phases(cfg, w, "fp32").values()) <= budget:
+        return "fp32"
+    return stored
 
 
 def quantized_bytes(cfg, w: Weights) -> int:
     """Bytes of the weights under the recipe: blockwise int8 / int4 carry one fp32 scale per block."""
-    per = lambda recipe: {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5}[recipe] + (  # noqa: E731
-        4 / cfg.block_size if recipe.startswith("int") else 0)
+    per = lambda recipe: BYTES_PER_WEIGHT[recipe] + (4 / cfg.block_size if recipe in BLOCKWISE else 0)  # noqa: E731
     ple = cfg.ple_quant if cfg.quant.startswith("int") else cfg.quant
     return int((w.target - w.ple) * per(cfg.quant) + w.ple * per(ple) + w.drafter * per(cfg.drafter_quant))
 
@@ -121,6 +165,7 @@ class Estimate:
     phases: dict[str, int]  # phase -> estimated peak bytes
     budget: int | None  # bytes, None when unknown (no /proc/meminfo and no --memory-budget)
     budget_source: str  # --memory-budget | MemAvailable | unknown
+    dtype: str = "fp32"  # what the target's weights are held in (--dtype, auto resolved)
 
     @property
     def peak_bytes(self) -> int:
@@ -134,7 +179,7 @@ class Estimate:
         return {"estimated_peak_mb": round(self.peak_bytes / MB, 1), "estimated_peak_phase": self.peak_phase,
                 "estimated_phases_mb": {k: round(v / MB, 1) for k, v in self.phases.items()},
                 "budget_mb": None if self.budget is None else round(self.budget / MB, 1),
-                "budget_source": self.budget_source}
+                "budget_source": self.budget_source, "dtype": self.dtype}
 
 
 def available_bytes() -> int | None:
@@ -154,10 +199,11 @@ def check(cfg, target: Source, drafter: Source) -> Estimate:
     budget = None if cfg.memory_budget is None else int(cfg.memory_budget * GB)
     source = "--memory-budget" if budget is not None else "MemAvailable"
     budget = budget if budget is not None else available_bytes()
-    estimate = Estimate(phases(cfg, w), budget, source if budget is not None else "unknown")
+    dtype = held_dtype(cfg, w, budget)
+    estimate = Estimate(phases(cfg, w, dtype), budget, source if budget is not None else "unknown", dtype)
     where = f"{human_bytes(budget)} available ({estimate.budget_source})" if budget is not None else "budget unknown"
-    log.info("memory preflight: estimated peak %s (%s), %s", human_bytes(estimate.peak_bytes), estimate.peak_phase,
-             where)
+    log.info("memory preflight: estimated peak %s (%s, target held in %s), %s", human_bytes(estimate.peak_bytes),
+             estimate.peak_phase, dtype, where)
     if budget is not None and estimate.peak_bytes > budget:
         raise MemoryBudgetError(_refusal(cfg, w, estimate))
     return estimate
@@ -165,26 +211,33 @@ def check(cfg, target: Source, drafter: Source) -> Estimate:
 
 def _refusal(cfg, w: Weights, estimate: Estimate) -> str:
     fits = []  # the smallest changes that fit: none that only adds a flag to one already listed
-    for flags, peak in alternatives(cfg, w):
+    for flags, peak in alternatives(cfg, w, estimate.dtype):
         if peak <= estimate.budget and not any(set(f) <= set(flags) for f, _ in fits):
             fits.append((flags, peak))
     listed = ", ".join(f"{' '.join(flags)} ({human_bytes(peak)})" for flags, peak in fits[:3])
     hint = (f"options that fit: {listed}" if fits else
-            "no --backend / --quant choice fits; free memory or use a larger machine")
+            "no --backend / --quant / --dtype choice fits; free memory or use a larger machine")
     return (f"this export needs an estimated {human_bytes(estimate.peak_bytes)} at its peak ({estimate.peak_phase}), "
             f"more than the {human_bytes(estimate.budget)} available ({estimate.budget_source}); {hint} (the estimate "
             "is extrapolated from small models; --memory-budget GB overrides the budget)")
 
 
-def alternatives(cfg, w: Weights) -> list[tuple[tuple[str, ...], int]]:
-    """(flags, estimated peak) of the exports one or two flags away from cfg (--backend onnx, another --quant),
-    fewest changes first, then smallest. --no-check is no option: the acceptance phase loads the graphs anyway."""
+def alternatives(cfg, w: Weights, dtype: str = "fp32") -> list[tuple[tuple[str, ...], int]]:
+    """(flags, estimated peak) of the exports one or two flags away from cfg (--backend onnx, another --quant,
+    the target held in its stored bf16/fp16 instead of fp32), fewest changes first, then smallest. --no-check is
+    no option: the acceptance phase loads the graphs anyway."""
     options = []
+    held = [None, w.stored] if dtype == "fp32" and w.stored in ("bf16", "fp16") else [None]
     for backend in ([None, ("onnx",)] if cfg.backend != ("onnx",) else [None]):
         for recipe in [None, *(r for r in ("fp32", "fp16", "int8", "int4") if r != cfg.quant)]:
-            changes = {k: v for k, v in (("backend", backend), ("quant", recipe)) if v}
-            if changes:
-                flags = tuple(f"--backend {','.join(v)}" if k == "backend" else f"--quant {v}"
-                              for k, v in changes.items())
-                options.append((flags, max(phases(replace(cfg, **changes), w).values())))
+            for stored in held:
+                changes = {k: v for k, v in (("backend", backend), ("quant", recipe), ("dtype", stored)) if v}
+                if changes:
+                    flags = tuple(_flag(k, v) for k, v in changes.items())
+                    peak = max(phases(replace(cfg, **changes), w, stored or dtype).values())
+                    options.append((flags, peak))
     return sorted(options, key=lambda o: (len(o[0]), o[1]))
+
+
+def _flag(name: str, value) -> str:
+    return f"--backend {','.join(value)}" if name == "backend" else f"--{name} {value}"

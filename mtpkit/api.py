@@ -31,6 +31,8 @@ def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **opti
       target_revision=None, drafter_revision=None     hub revisions
       memory_budget=None     GiB the export may use at its peak (default: MemAvailable); an export estimated to
                              need more raises MemoryBudgetError before any weight loads (docs/export-memory.md)
+      dtype="auto"           what the target's weights are held in while exporting: the checkpoint's own
+                             dtype, or "fp32" / "bf16" / "fp16" (the graphs are the same: weights upcast exactly)
     Needs the [export] extra (torch, transformers).
     """
     from mtpkit.extras import require

@@ -71,7 +71,8 @@ def test_a_large_budget_passes_and_the_export_goes_on_to_load(tmp_path, tiny_che
     class Loading(Exception):
         pass
 
-    def load(source):
+    def load(source, dtype):
+        assert dtype == "fp32"  # auto: fp32 fits the budget
         raise Loading  # stop where the weights would load; nothing may be left behind
     monkeypatch.setattr(gemma4_text, "load", load)
     with pytest.raises(Loading):
@@ -95,7 +96,8 @@ def _weights(scale: int = 1, stored_bf16: bool = False) -> preflight.Weights:
     """E2B's published parameter counts (docs: text target 4628.6 M, PLE 2348.8 M; drafter 77.7 M) / scale."""
     target, drafter = 4_628_600_000 // scale, 77_730_000 // scale
     return preflight.Weights(target=target, drafter=drafter, ple=2_348_800_000 // scale,
-                             converted=2 * (target + drafter) if stored_bf16 else 0)
+                             converted=2 * (target + drafter) if stored_bf16 else 0,
+                             stored="bf16" if stored_bf16 else "fp32")
 
 
 def _plan(backend=("onnx",), quant="fp32", ple_quant="int8", check=True):
@@ -110,6 +112,18 @@ def test_estimate_grows_with_parameters():
     assert max(large.values()) > 20 << 30  # E2B in fp32 does not fit this machine's 24 GB (see docs/export-memory.md)
     bf16 = preflight.phases(_plan(), _weights(1, stored_bf16=True))
     assert bf16["load"] > large["load"] and bf16["onnx graphs"] == large["onnx graphs"]
+    held = preflight.phases(_plan(), _weights(1, stored_bf16=True), "bf16")  # --dtype bf16: no fp32 copy held
+    assert all(held[k] < bf16[k] for k in held) and held["load"] < large["load"]
+
+
+def test_auto_dtype_holds_fp32_when_it_fits_else_the_stored_dtype():
+    w, cfg = _weights(1, stored_bf16=True), SimpleNamespace(**vars(_plan()), dtype="auto")
+    fp32_peak = max(preflight.phases(cfg, w, "fp32").values())
+    assert preflight.held_dtype(cfg, w, fp32_peak) == "fp32" and preflight.held_dtype(cfg, w, None) == "fp32"
+    assert preflight.held_dtype(cfg, w, fp32_peak - 1) == "bf16"
+    assert preflight.held_dtype(SimpleNamespace(**vars(_plan()), dtype="fp16"), w, None) == "fp16"  # asked: kept
+    fp32_file = _weights(1)
+    assert preflight.held_dtype(cfg, fp32_file, 1) == "fp32"  # never a lossy rounding the user did not ask for
 
 
 def test_estimate_shrinks_with_smaller_recipes_and_backends():
@@ -142,7 +156,7 @@ def test_refusal_names_the_options_that_fit(tmp_path, tiny_checkpoints):
     message = preflight._refusal(cfg, w, estimate)
     assert "options that fit: --backend onnx (" in message and "\n" not in message
     nothing = preflight.Estimate(estimate.phases, 1 << 20, "MemAvailable")
-    assert "no --backend / --quant choice fits" in preflight._refusal(cfg, w, nothing)
+    assert "no --backend / --quant / --dtype choice fits" in preflight._refusal(cfg, w, nothing)
 
 
 def test_phase_log_times_and_measures_each_phase(caplog):

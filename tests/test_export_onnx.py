@@ -55,12 +55,15 @@ def test_embedding_table_is_stored_once_and_shared_with_the_host(tiny_exports):
     table = np.fromfile(out / emb["file"], dtype=np.float32).reshape(emb["shape"])
     model = onnx.load(str(out / "target.onnx"), load_external_data=False)
     external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    assert [t.name for t in external] and all(
-        any(e.key == "location" and e.value == emb["file"] for e in t.external_data) for t in external)
+    location = {t.name: next(e.value for e in t.external_data if e.key == "location") for t in external}
+    assert location[emb["initializer"]] == emb["file"]  # the table alone in the shared file, weights in .data
+    assert {n for n, f in location.items() if f == emb["file"]} == {emb["initializer"]}
+    assert set(location.values()) == {emb["file"], "target.onnx.data"}
     inline = [t for t in model.graph.initializer if tuple(t.dims) == tuple(emb["shape"])]
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in inline)  # no second inline copy
     assert emb["scale"] == pytest.approx(np.sqrt(manifest.model["hidden_size"]))
-    assert manifest.backend("onnx").graphs["target"].data_files == {emb["file"]: sha256_file(out / emb["file"])}
+    assert manifest.backend("onnx").graphs["target"].data_files == {
+        f: sha256_file(out / f) for f in (emb["file"], "target.onnx.data")}
     assert table.std() > 0
 
 

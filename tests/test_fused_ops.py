@@ -60,7 +60,8 @@ def test_fused_ops_patch_equals_transformers_and_is_undone(tiny_checkpoints, nam
             for a, b in zip(plain, fused):
                 assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
     assert hf.Gemma4RMSNorm.forward is norm_forward and hf.Gemma4TextAttention.forward is attention_forward
-    assert not any(hasattr(m, "group_major") for m in (*target.modules(), *drafter.modules()))
+    assert not any(hasattr(m, name) for m in (*target.modules(), *drafter.modules()) for name in tad.GROUPED)
+    assert all("grouped" not in name for name, _ in (*target.named_parameters(), *drafter.named_parameters()))
 
 
 def _run(model, feeds):

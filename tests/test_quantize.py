@@ -52,7 +52,7 @@ def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe
         assert ops["MatMulNBits"] > 0 and embedding["dtype"] == recipe
         assert ops["GatherBlockQuantized"] == 2 and list(onnx_backend.options["lookup_tables"].values()) == ["int8"]
         assert ops["Transpose"] < ops_float(src)["Transpose"]  # the lm_head's Transpose(W) is gone
-    float_bytes = sum((src / f).stat().st_size for f in ("target.onnx", "drafter.onnx", "embeddings.bin"))
+    float_bytes = sum(f.stat().st_size for f in (*src.glob("*.onnx*"), src / "embeddings.bin"))
     assert sum(g.bytes for g in onnx_backend.graphs.values()) < float_bytes
     engine = Engine(manifest.root)
     for ids in ([2, 80, 81, 82], [2] + list(range(40, 70))):
@@ -60,6 +60,67 @@ def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe
         spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))]
         assert len(plain) == 12 or plain[-1] in manifest.eos_ids  # a random model may stop at EOS
         assert spec == plain  # lossless on the quantized graphs themselves
+
+
+def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_exports, tmp_path):
+    """int8-dynamic: ORT's quantize_dynamic on the weight MatMuls (MatMulInteger), the tied table at 8 bits once
+    (lm_head MatMulNBits + GatherBlockQuantized over embeddings.bin), the PLE table at --ple-quant; the manifest
+    records the recipe, the schema accepts it, and the runtime runs it with no flag.
+
+    Speculative output is not asserted equal to plain, unlike the other recipes: activations get one scale per
+    call, so a verified token's logits depend on the tokens verified with it (docs/scale-bench.md)."""
+    import json
+
+    import onnx
+
+    from mtpkit.export import fidelity
+    from mtpkit.runtime import schema
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+    manifest = _quantized_copy(tiny_exports("e2b_gemma4_centroid"), tmp_path / "dyn", "int8-dynamic")
+    schema.check_manifest(json.loads(manifest.path("manifest.json").read_text()))
+    onnx_backend = manifest.backend("onnx")
+    assert {g.recipe for g in onnx_backend.graphs.values()} == {"int8-dynamic"}
+    assert onnx_backend.options["embedding"]["dtype"] == "int8"
+    assert list(onnx_backend.options["lookup_tables"].values()) == ["int8"]
+    for name in ("target", "drafter"):
+        graph = onnx.load(str(manifest.path(f"{name}.onnx")), load_external_data=False).graph
+        weights = {t.name for t in graph.initializer}
+        weights |= {n.output[0] for n in graph.node if n.op_type == "Transpose" and n.input[0] in weights}
+        assert not [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]  # none left float
+        ops = collections.Counter(n.op_type for n in graph.node)
+        assert ops["MatMulInteger"] > 0 and ops["DynamicQuantizeLinear"] > 0
+    assert (ops["MatMulNBits"], ops["GatherBlockQuantized"]) == (0, 0)  # the drafter has no tied table
+    target_ops = collections.Counter(n.op_type for n in onnx.load(str(manifest.path("target.onnx")),
+                                                                    load_external_data=False).graph.node)
+    assert (target_ops["MatMulNBits"], target_ops["GatherBlockQuantized"]) == (1, 2)  # lm_head; token + PLE lookups
+    engine = Engine(manifest.root)
+    for ids in ([2, 80, 81, 82], [2] + list(range(40, 70))):
+        plain = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, mtp=False))]
+        spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))]
+        assert all(len(out) == 12 or out[-1] in manifest.eos_ids for out in (plain, spec))
+        assert spec[0] == plain[0]  # the same prefill call
+    missed = {"target_recipe": "int8-dynamic", "teacher_forced": {"top1_agreement": 0.9, "positions": 10}}
+    message, = fidelity._gate_failure("onnx", missed)
+    assert "below the int8-dynamic gate 0.95" in message and "--quant int8)" in message
+
+
+def test_litert_takes_int8_dynamic_as_its_int8(tmp_path, monkeypatch):
+    """LiteRT's int8 (dynamic_wi8_afp32) quantizes activations at run time already: the same aeq recipe runs."""
+    from mtpkit.export.backends import litert_quant
+    from mtpkit.runtime.manifest import Backend, GraphFile
+
+    class Quantized(Exception):
+        pass
+
+    def quantize_tflite(path, name, recipe, block_size, ple_bits=8):
+        raise Quantized(name, recipe)
+
+    monkeypatch.setattr(litert_quant, "_quantize_tflite", quantize_tflite)
+    backend = Backend("litert", "state", {"target": GraphFile("target.tflite", "0", 1, "litert")}, {})
+    with pytest.raises(Quantized) as seen:
+        litert_quant.quantize(tmp_path, backend, {"target": "int8-dynamic", "drafter": "int8-dynamic"})
+    assert seen.value.args == ("target", "int8")
 
 
 def test_fp16_embedding_is_read_by_the_host_from_the_same_bytes(tiny_exports, tmp_path):
@@ -129,6 +190,23 @@ def test_unknown_recipe_names_are_refused_in_one_line():
         ExportConfig(target="t", drafter="d", out="/nonexistent/x", drafter_quant="int44")
     with pytest.raises(ValueError, match="--block-size must be one of 32, 64, 128"):
         ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int4", block_size=48)
+
+
+def test_int8_dynamic_is_accepted_and_its_memory_estimated():
+    from types import SimpleNamespace
+
+    from mtpkit.export import preflight
+    from mtpkit.export.config import ExportConfig
+
+    with pytest.raises(ValueError, match=r"unknown --quant recipe 'int8-dynamc' \(did you mean 'int8-dynamic'\?\)"):
+        ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int8-dynamc")
+    cfg = ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int8-dynamic")
+    assert (cfg.quant, cfg.drafter_quant) == ("int8-dynamic", "int8-dynamic")
+    w = preflight.Weights(target=10**8, drafter=10**6, ple=4 * 10**7, converted=0)
+    plans = {q: SimpleNamespace(backend=("onnx",), quant=q, drafter_quant=q, ple_quant="int8", check=True,
+                                block_size=32) for q in ("int8", "int8-dynamic")}
+    quantize = {q: preflight.phases(plan, w)["quantize"] for q, plan in plans.items()}
+    assert quantize["int8-dynamic"] > quantize["int8"]  # quantize_dynamic reads its own copy of the float graph
 
 
 def test_a_4_bit_ple_table_only_when_asked_and_its_cost_is_measured(tiny_exports, tiny_checkpoints, tmp_path):

@@ -20,7 +20,7 @@ class ExportJob:
 
     cfg: Any  # ExportConfig
     folder: Path  # the temporary export folder, renamed into place at the end
-    target: Any  # the loaded Gemma4ForCausalLM (fp32, eval)
+    target: Any  # the loaded Gemma4ForCausalLM (eval), weights held in --dtype: run it under fp32_compute
     drafter: Any  # the loaded Gemma4AssistantForCausalLM
     target_adapter: Any  # export/models module of the target family
     drafter_adapter: Any

@@ -36,9 +36,11 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         per-layer-embedding path keeps 8 bits (the per_layer_embedder table and the target's per_layer
         projections): a 4-bit PLE table is where Gemma 4 broke elsewhere. per_layer_embedder is recorded as int8.
         ple_bits=4 (`--ple-quant int4`, only when asked) gives the PLE path 4 bits too.
+    int8-dynamic: int8 (see ALIASES), so stored as int8 in the graphs, the bundle and its section recipes.
     accuracy_level is ONNX Runtime's (MatMulNBits) and has no LiteRT counterpart; it is accepted and ignored.
     """
     folder = Path(folder)
+    recipes = {side: ALIASES.get(recipe, recipe) for side, recipe in recipes.items()}
     for recipe in recipes.values():
         if recipe not in ("fp32", *RECIPES):
             raise ValueError(f"unknown LiteRT quantization recipe {recipe!r}; choose from fp32, {', '.join(RECIPES)}")
@@ -73,6 +75,9 @@ def _graph_file(folder: Path, name: str) -> GraphFile:
 
 
 RECIPES = ("fp16", "int8", "int4")
+# LiteRT's int8 (dynamic_wi8_afp32) already quantizes activations at run time, so ONNX's int8-dynamic is that recipe
+# here: the same bytes, recorded under the name of what they are
+ALIASES = {"int8-dynamic": "int8"}
 
 
 def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int, ple_bits: int = 8) -> tuple[str, dict]:

@@ -6,7 +6,8 @@ serves draft.
 
 The target graph's tied embedding/lm_head table is written once, as ONNX external data in `embeddings.bin`;
 the runtime memory-maps the same file to look up the drafter's token embeddings, so the 262k-row table is
-stored once. Graphs larger than 2 GB keep the rest of their weights in `<graph>.onnx.data`.
+stored once. The other weights are external data in `<graph>.onnx.data`, written tensor by tensor from the
+loaded model without an fp32 copy of it (onnx_stream.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, ContextManager
@@ -25,14 +27,17 @@ import torch
 from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Signature, TensorSpec, sha256_file
 
 from ..scoped import logger_level, root_logging_kept
-from . import ExportJob, onnx_fusions
-from .onnx_embedding import quantize_shared_table, save_with_table_external
+from . import ExportJob, onnx_fusions, onnx_stream
+from .onnx_embedding import drop_stale_data, quantize_shared_table, save_with_table_external
 
 log = logging.getLogger(__name__)
 EMBEDDINGS_FILE = "embeddings.bin"
 OPSET = 20
 _TWO_GB = 2**31 - 2**26  # protobuf's hard limit, with headroom for the graph itself
 _REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"
+INT_RECIPES = ("int8", "int4", "int8-dynamic")  # the PLE table follows --ple-quant under these
+# Bits of the tied embedding / lm_head table (quantize_shared_table) per recipe; a recipe not listed keeps it float.
+TABLE_BITS = {"int8": 8, "int4": 4, "int8-dynamic": 8}
 PAST = "past_window.{layer}.{kind}"
 NEW = "new.{layer}.{kind}"
 
@@ -42,13 +47,15 @@ def export(job: ExportJob) -> Backend:
     sigs = signatures(job.kv_layers, job.store, job.hidden, job.vocab)
     t_path, d_path = job.folder / "target.onnx", job.folder / "drafter.onnx"
     fuse = job.cfg.fuse
-    export_graph(job.target_adapter.TargetStep(job.target), sigs["verify"], _target_sample(job.kv_layers), t_path,
-                 fused=functools.partial(job.target_adapter.fused_ops, job.target) if fuse else None)
+    embed = job.target.model.embed_tokens
+    embedding = export_graph(job.target_adapter.TargetStep(job.target), sigs["verify"], _target_sample(job.kv_layers),
+                             t_path, fused=functools.partial(job.target_adapter.fused_ops, job.target) if fuse else None,
+                             table=embed.weight)
     export_graph(job.drafter_adapter.DraftStep(job.drafter), sigs["draft"], _draft_sample(job, job.hidden), d_path,
                  fused=functools.partial(job.drafter_adapter.fused_ops, job.drafter) if fuse else None)
-    embed = job.target.model.embed_tokens
-    embedding = share_embedding(t_path, embed.weight.detach().numpy())
-    embedding["scale"] = float(embed.embed_scale.to(embed.weight.dtype))
+    if embedding is None:
+        raise RuntimeError(f"the embedding table is not an initializer of {t_path.name}")
+    embedding["scale"] = float(embed.embed_scale.float())  # the graphs' fp32 scale, whatever --dtype holds
     graphs = {name: _graph_file(job.folder, p) for name, p in (("target", t_path), ("drafter", d_path))}
     options = {"embedding": embedding, "nodes": _log_nodes(job, graphs)}
     if fuse:  # the contrib kernels' oldest ORT with MultiHeadAttention's grouped mask (onnx_fusions.py)
@@ -69,10 +76,10 @@ def _log_nodes(job: ExportJob, graphs: dict[str, GraphFile]) -> dict[str, int]:
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
              accuracy_level: int = 4, ple_bits: int = 8) -> Backend:
     """Rewrite float graphs in folder in place with a recipe per graph ({"target": "int4", "drafter": "int8"}):
-    weight-only int8 / int4 MatMulNBits, or fp16 with the norms kept in fp32. The tied embedding / lm_head table
-    is quantized once with the same recipe (MatMulNBits + GatherBlockQuantized over the same bytes, see
-    onnx_embedding.py) and stays stored once in embeddings.bin, where the host's drafter lookup reads it too.
-    Derived from a float export, so one export serves every recipe."""
+    weight-only int8 / int4 MatMulNBits, int8-dynamic (ORT's quantize_dynamic), or fp16 with the norms kept in
+    fp32. The tied embedding / lm_head table is quantized once at TABLE_BITS (MatMulNBits + GatherBlockQuantized
+    over the same bytes, see onnx_embedding.py) and stays stored once in embeddings.bin, where the host's drafter
+    lookup reads it too. Derived from a float export, so one export serves every recipe."""
     import onnx
 
     graphs, options = dict(backend.graphs), dict(backend.options)
@@ -81,20 +88,24 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
             continue
         path = folder / graphs[name].file
         shared_name = _external_initializer(path, EMBEDDINGS_FILE)
-        model = _quantized(onnx.load(str(path)), recipe, block_size, accuracy_level)
-        if shared_name and recipe in ("int4", "int8"):  # the tied table quantized once: lm_head, lookup and host
-            model, layout = quantize_shared_table(model, shared_name, bits=int(recipe[3:]), block_size=block_size,
-                                                  accuracy_level=accuracy_level)
+        model = _weights_quantized(path, recipe, block_size, accuracy_level, skip=shared_name)
+        layout = None
+        if shared_name and recipe in TABLE_BITS:  # the tied table quantized once: lm_head, lookup and host
+            model, layout = quantize_shared_table(model, shared_name, bits=TABLE_BITS[recipe], block_size=block_size,
+                                                  accuracy_level=accuracy_level, base_dir=str(folder))
+        if shared_name and recipe in INT_RECIPES:
             for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
                 model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
-                                                 accuracy_level=accuracy_level)
+                                                 accuracy_level=accuracy_level, base_dir=str(folder))
                 options["lookup_tables"] = {**options.get("lookup_tables", {}), table: f"int{ple_bits}"}
+        if layout:
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
             options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
         elif shared_name:  # the table's bytes (fp32, or fp16 under fp16) stay shared with the host lookup
             shared = save_sharing_embedding(model, path, shared_name)
             options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
         else:
+            drop_stale_data(model, path)
             onnx.save_model(model, str(path))
         graphs[name] = dataclasses.replace(_graph_file(folder, path), recipe=recipe)
     options["nodes"] = {name: _node_count(folder / g.file) for name, g in graphs.items()}
@@ -106,6 +117,40 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
 # are those same computations; RotaryEmbedding runs between them, so it stays fp32 rather than cast twice.
 _FP32_OPS = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Softmax", "Tanh", "Div", "SimplifiedLayerNormalization",
              "SkipSimplifiedLayerNormalization", "MultiHeadAttention", "RotaryEmbedding")
+
+
+def _weights_quantized(path: Path, recipe: str, block_size: int, accuracy_level: int, skip: str | None):
+    """The graph at path with its weight MatMuls quantized, loaded without external data where that data stays on
+    disk: int8 / int4 are packed tensor by tensor from the memory-mapped float data (onnx_stream.py, the same bytes
+    as ORT's MatMulNBitsQuantizer), so the float graph is never loaded whole; fp16 and int8-dynamic go through
+    ONNX Runtime's whole-graph tools. `skip`: the shared table, quantized once after this."""
+    import onnx
+
+    if recipe in ("int4", "int8"):
+        onnx_stream.quantize_matmuls(path, int(recipe[3:]), block_size, accuracy_level, skip={skip} - {None})
+        return onnx.load(str(path), load_external_data=False)
+    if recipe == "int8-dynamic":
+        log.warning("int8-dynamic quantizes activations with one scale per call: speculative output can differ "
+                    "from --no-mtp output where two logits nearly tie (docs/scale-bench.md)")
+        return _dynamic_int8(path)
+    return _quantized(onnx.load(str(path)), recipe, block_size, accuracy_level)
+
+
+def _dynamic_int8(path: Path):
+    """ONNX Runtime's quantize_dynamic on the graph file: per-channel int8 weights for every MatMul whose B is a
+    constant, activations quantized per tensor at run time (MatMulInteger, fused by ORT into DynamicQuantizeMatMul).
+    Given the file rather than a loaded copy, because quantize_dynamic loads (and shape-infers) its own."""
+    import onnx
+
+    with root_logging_kept():  # see _quantized
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    # it logs a pre-processing advice to the root logger on every call, which this graph does not need
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".int8-dynamic.") as tmp, root_logging_kept(), \
+            logger_level("", logging.ERROR):
+        out = Path(tmp) / path.name
+        quantize_dynamic(path, out, per_channel=True, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                         use_external_data_format=True)
+        return onnx.load(str(out))
 
 
 def _quantized(model, recipe: str, block_size: int, accuracy_level: int):
@@ -125,7 +170,7 @@ def _quantized(model, recipe: str, block_size: int, accuracy_level: int):
 def _lookup_tables(model, exclude: str) -> list[str]:
     """2-D float initializers read only by Gather (the per-layer-embedding table), other than `exclude`.
 
-    A 4-bit PLE table produced garbage in other Gemma 4 toolchains, so these keep 8 bits under both int recipes.
+    A 4-bit PLE table produced garbage in other Gemma 4 toolchains, so these keep 8 bits under every int recipe.
     """
     import onnx
 
@@ -230,29 +275,39 @@ def _dims(signature: Signature) -> tuple:
 
 
 def export_graph(step: torch.nn.Module, signature: Signature, sample: tuple, path: Path,
-                 fused: Callable[[], ContextManager] | None = None) -> None:
-    """Export one step module with the signature's names and dynamic dims.
+                 fused: Callable[[], ContextManager] | None = None, table: torch.Tensor | None = None) -> dict | None:
+    """Export one step module with the signature's names and dynamic dims, streaming (onnx_stream.py): traced
+    on fake fp32 weights, each weight converted to fp32 only as it is written to external data.
 
     Args:
         fused: makes the model adapter's fused_ops(model) patch; inside it the step calls export/fused_ops.py's
             custom ops, lowered here to fused ORT kernels (onnx_fusions.py). None exports the modules as they are.
+        table: the tied embedding table (a parameter of step), written alone to EMBEDDINGS_FILE.
+
+    Returns:
+        the manifest's `embedding` entry (file, offset, shape, dtype, initializer) when table is given.
     """
     dims = _dims(signature)
     fixed = _n_positional(step)
     if len(dims) > fixed:  # *past varargs need a nested spec
         dims = [*dims[:fixed], tuple(dims[fixed:])]
     # torch.onnx logs one warning per missing torchvision op; irrelevant here (scoped: the caller's level returns)
+    # fused_ops first: the regrouped attention weights it registers are faked and bound like the others
     with warnings.catch_warnings(), torch.no_grad(), logger_level(_REGISTRATION_LOGGER, logging.ERROR), \
-            (fused() if fused else contextlib.nullcontext()):
+            (fused() if fused else contextlib.nullcontext()), onnx_stream.fake_weights(step) as real:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             step, sample, input_names=_names(signature.inputs), output_names=_names(signature.outputs),
-            dynamic_shapes=tuple(dims), dynamo=True, optimize=True, opset_version=OPSET, verbose=False,
+            dynamic_shapes=tuple(dims), dynamo=True, optimize=False, opset_version=OPSET, verbose=False,
             custom_translation_table=onnx_fusions.translation_table() if fused else None,
         )
+    onnx_stream.bind_lazy(program.model, real)
+    onnx_stream.fold_weight_transposes(program.model, real)
+    program.optimize()  # after the lazy folds: what is left to fold is small
     if fused:
         onnx_fusions.fuse_graph(program.model)
-    program.save(str(path), external_data=not _small(program))
+    return onnx_stream.save(program.model, path, onnx_stream.initializer_of(program.model, real, table),
+                            EMBEDDINGS_FILE)
 
 
 def _n_positional(step: torch.nn.Module) -> int:
@@ -260,27 +315,6 @@ def _n_positional(step: torch.nn.Module) -> int:
 
     params = inspect.signature(step.forward).parameters.values()
     return sum(1 for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
-
-
-def _small(program) -> bool:
-    return sum(t.const_value.nbytes for t in program.model.graph.initializers.values() if t.const_value is not None) < _TWO_GB
-
-
-def share_embedding(graph_path: Path, table: np.ndarray) -> dict:
-    """Move the initializer equal to `table` into EMBEDDINGS_FILE (external data) and describe it.
-
-    Returns:
-        the manifest's `embedding` entry (file, offset, shape, dtype, initializer); the caller adds the scale.
-    """
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(graph_path), load_external_data=True)
-    matches = [t for t in model.graph.initializer
-               if tuple(t.dims) == table.shape and np.array_equal(numpy_helper.to_array(t), table)]
-    if len(matches) != 1:
-        raise RuntimeError(f"expected one embedding initializer in {graph_path.name}, found {len(matches)}")
-    return save_sharing_embedding(model, graph_path, matches[0].name)
 
 
 def save_sharing_embedding(model, graph_path: Path, initializer: str) -> dict:
@@ -299,8 +333,7 @@ def save_sharing_embedding(model, graph_path: Path, initializer: str) -> dict:
     tensor.ClearField("raw_data")
     tensor.data_location = onnx.TensorProto.EXTERNAL
     big = sum(t.ByteSize() for t in model.graph.initializer) > _TWO_GB
-    for stale in folder.glob(graph_path.name + ".data"):
-        stale.unlink()  # rewritten below when still needed
+    drop_stale_data(model, graph_path)  # rewritten below when still needed
     onnx.save_model(model, str(graph_path), save_as_external_data=big, all_tensors_to_one_file=True,
                     location=graph_path.name + ".data", size_threshold=1024)
     return {"file": EMBEDDINGS_FILE, "offset": 0, "shape": list(table.shape), "dtype": table.dtype.name,

@@ -258,6 +258,15 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
     return model, layout
 
 
+def drop_stale_data(model: onnx.ModelProto, path: Path) -> None:
+    """Delete <graph>.data before `model` is saved to path, unless the model still reads from it (weights
+    quantized tensor by tensor stay there; onnx.save_model appends what it must add)."""
+    data = Path(path).with_name(Path(path).name + ".data")
+    reads = any(e.key == "location" and e.value == data.name for t in model.graph.initializer for e in t.external_data)
+    if data.exists() and not reads:
+        data.unlink()
+
+
 def _packing(bits: int) -> str:
     return ("uint4 codes, 2 per byte along H, low nibble first; rows padded to whole blocks" if bits == 4
             else "uint8 codes, 1 per byte along H; rows padded to whole blocks")
@@ -296,8 +305,7 @@ def save_with_table_external(model: onnx.ModelProto, path, layout: dict, file: s
         t.ClearField("raw_data")
         t.data_location = TensorProto.EXTERNAL
     big = sum(t.ByteSize() for t in model.graph.initializer) > _TWO_GB
-    for stale in folder.glob(path.name + ".data"):
-        stale.unlink()
+    drop_stale_data(model, path)
     onnx.save_model(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=1024)
     bits = layout["bits"]

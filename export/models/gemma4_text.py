@@ -45,16 +45,60 @@ def hf_config(source: Source):
     return config
 
 
-def load(source: Source) -> nn.Module:
-    """Build Gemma4ForCausalLM in fp32 from either hub layout, loading only the text weights."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def load(source: Source, dtype: str = "fp32") -> nn.Module:
+    """Build Gemma4ForCausalLM from either hub layout, loading only the text weights.
+
+    Args:
+        dtype: what the weights are held in: fp32 | bf16 | fp16, or auto (the checkpoint's own dtype, when all
+            its text weights share one, else fp32). Buffers stay fp32; run PyTorch under fp32_compute(model).
+    """
     from transformers import Gemma4ForCausalLM
 
     config = hf_config(source)
     with torch.device("meta"):
         model = Gemma4ForCausalLM(config)
     state = load_tensors(source.folder, weight_prefix(source), "model.")
+    stored = {t.dtype for t in state.values() if t.is_floating_point()}
+    held = next(iter(stored)) if dtype == "auto" and len(stored) == 1 else DTYPES.get(dtype, torch.float32)
     _load_state(model, state, source)
-    return model.float().eval()
+    for p in model.parameters():  # as nn.Module.to does; the stored tensors are taken over when the dtype matches
+        p.data = p.data.to(held)
+    for module in model.modules():  # buffers replaced, not .data-set (that breaks torch.export on a view)
+        module._buffers.update({k: b.float() for k, b in module._buffers.items()
+                                if b is not None and b.is_floating_point()})
+    return model.eval()
+
+
+@contextlib.contextmanager
+def fp32_compute(model: nn.Module):
+    """Inside the block PyTorch runs the model in fp32 whatever its weights are held in (--dtype): each weight is
+    upcast as it is used (exact from bf16/fp16), the way the exported graphs hold it, so the graph check keeps
+    its fp32 tolerances. Nothing changes for an fp32 model."""
+    from transformers.models.gemma4 import modeling_gemma4 as hf
+
+    if all(p.dtype == torch.float32 for p in model.parameters()):
+        yield
+        return
+    with patched(nn.Linear, "forward", _linear32), patched(nn.Embedding, "forward", _embedding32), \
+            patched(hf.Gemma4TextScaledWordEmbedding, "forward", _scaled_embedding32):
+        yield
+
+
+def _linear32(self, x):
+    bias = None if self.bias is None else self.bias.float()
+    return F.linear(x.float(), self.weight.float(), bias)
+
+
+def _embedding32(self, ids):
+    # rows first, then the upcast: never a full fp32 copy of a 262k-row table
+    return F.embedding(ids, self.weight, self.padding_idx).float()
+
+
+def _scaled_embedding32(self, ids):
+    return _embedding32(self, ids) * self.embed_scale.float()
 
 
 def weight_prefix(source: Source) -> str:
@@ -93,7 +137,7 @@ def fused_ops(model: nn.Module):
 
     Args:
         model: the model to be exported; its attention modules get head-regrouped copies of their q_proj and
-            o_proj weights for the block (see _group_major).
+            o_proj weights as parameters for the block (see _group_major).
     """
     from transformers.models.gemma4 import modeling_gemma4 as hf
 
@@ -101,8 +145,17 @@ def fused_ops(model: nn.Module):
         stack.enter_context(patched(hf.Gemma4RMSNorm, "forward", _fused_rms_norm))
         stack.enter_context(patched(hf.Gemma4TextAttention, "forward", _fused_attention))
         for attn in (m for m in model.modules() if isinstance(m, hf.Gemma4TextAttention)):
-            stack.enter_context(patched(attn, "group_major", _group_major(attn)))
+            # registered as parameters (the originals when nothing moves), so a trace on fake weights binds them
+            for name, tensor in zip(GROUPED, _group_major(attn)):
+                stack.enter_context(patched(attn, name, _parameter(tensor)))
         yield
+
+
+GROUPED = ("grouped_q_weight", "grouped_q_bias", "grouped_o_weight")
+
+
+def _parameter(tensor):
+    return tensor if tensor is None or isinstance(tensor, nn.Parameter) else nn.Parameter(tensor, requires_grad=False)
 
 
 def _fused_rms_norm(self, hidden_states):
@@ -132,7 +185,7 @@ def _fused_attention(self, hidden_states, position_embeddings, attention_mask, s
     its positions as the batch ([T,N,1,H]) for norm and rotary, then [1,T*g,N_kv*H] for attention."""
     batch, seq = hidden_states.shape[:2]
     assert batch == 1, "the fused attention lays the query out for batch 1"
-    q_weight, q_bias, o_weight = self.group_major
+    q_weight, q_bias, o_weight = (getattr(self, name) for name in GROUPED)
     heads, dim = self.config.num_attention_heads, self.head_dim
     cos, sin = position_embeddings
     query = F.linear(hidden_states, q_weight, q_bias).view(seq, heads, 1, dim)
