@@ -136,3 +136,24 @@ def test_uint4_alias_for_ort_1_20(tmp_path, block_size, h):
     table = QuantizedTable(entry, tmp_path)
     np.testing.assert_allclose(embeds[0], table.dense(), rtol=0, atol=1e-6)
     np.testing.assert_allclose(logits[0], hidden[0] @ table.dense().T, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_tables_are_quantized_a_slab_of_rows_at_a_time_with_the_same_result(tmp_path, dtype):
+    """E2B's PLE table (9.4 GB of fp32) is read through a memory map and quantized in slabs: byte-equal to the
+    whole-table quantization, since blocks never cross rows."""
+    from onnx.external_data_helper import set_external_data
+
+    from mtpkit.export.backends import onnx_embedding
+
+    w = np.random.default_rng(0).standard_normal((30, 40)).astype(dtype)
+    whole = onnx_embedding.quantize_blockwise(w, 4, 32)
+    for got, want in zip(onnx_embedding._quantize_rows(w, 4, 32, rows=7), whole):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    (tmp_path / "t.bin").write_bytes(b"\0" * 16 + w.tobytes())
+    tensor = numpy_helper.from_array(w, "table")
+    set_external_data(tensor, location="t.bin", offset=16, length=w.nbytes)
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    mapped = onnx_embedding._table(tensor, str(tmp_path))
+    assert isinstance(mapped, np.memmap) and np.array_equal(mapped, w)

@@ -67,6 +67,30 @@ def quantize_blockwise(w: np.ndarray, bits: int, block_size: int) -> tuple[np.nd
     return np.ascontiguousarray(packed), np.ascontiguousarray(scales)
 
 
+def _table(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
+    """The table's values: a read-only memory map of its external data when it has some (E2B's PLE table is
+    9.4 GB of fp32), else the array itself."""
+    if tensor.data_location != TensorProto.EXTERNAL or not base_dir:
+        return numpy_helper.to_array(tensor, base_dir or "")
+    info = {e.key: e.value for e in tensor.external_data}
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    return np.memmap(Path(base_dir) / info["location"], dtype=dtype, mode="r", offset=int(info.get("offset", 0)),
+                     shape=tuple(tensor.dims))
+
+
+def _quantize_rows(w: np.ndarray, bits: int, block_size: int, rows: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_blockwise, a slab of rows at a time (blocks never cross rows): the same result without an fp32
+    copy of the whole table."""
+    first_packed, first_scales = quantize_blockwise(np.asarray(w[:rows]), bits, block_size)
+    packed = np.empty((len(w), *first_packed.shape[1:]), np.uint8)
+    scales = np.empty((len(w), first_scales.shape[1]), first_scales.dtype)
+    packed[:rows], scales[:rows] = first_packed, first_scales
+    for start in range(rows, len(w), rows):
+        packed[start:start + rows], scales[start:start + rows] = quantize_blockwise(
+            np.asarray(w[start:start + rows]), bits, block_size)
+    return packed, scales
+
+
 def dequantize_blockwise(packed: np.ndarray, scales: np.ndarray, bits: int, block_size: int, k: int) -> np.ndarray:
     """Inverse of quantize_blockwise: float32 [N, k]."""
     n, n_blocks = scales.shape
@@ -156,7 +180,7 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
     tensor = next((t for t in graph.initializer if t.name == initializer), None)
     if tensor is None:
         raise KeyError(f"no initializer {initializer!r}")
-    w = numpy_helper.to_array(tensor, base_dir or "")
+    w = _table(tensor, base_dir)
     if w.ndim != 2 or w.dtype not in (np.float32, np.float16):
         raise ValueError(f"{initializer} must be a 2-D float32/float16 table, got {w.dtype} {w.shape}")
     v, h = w.shape
@@ -166,7 +190,7 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
 
     if gather_data not in ("uint8", "uint4") or (gather_data == "uint4" and bits != 4):
         raise ValueError(f"gather_data {gather_data!r} with bits={bits}: uint8, or uint4 with bits=4")
-    packed, scales = quantize_blockwise(w, bits, block_size)
+    packed, scales = _quantize_rows(w, bits, block_size)
     n_blocks, blob = packed.shape[1], packed.shape[2]
     data_name = _unique(graph, f"{initializer}_q{bits}")
     scales_name = _unique(graph, f"{initializer}_scales")
