@@ -86,11 +86,14 @@ def _random(name: str, meta: torch.Tensor, dtype, gen) -> torch.Tensor:
         return torch.randperm(meta.numel(), generator=gen).to(meta.dtype).view(meta.shape)
     if name.endswith("norm.weight") or name.endswith("layer_scalar"):
         return torch.ones(meta.shape, dtype=dtype)
-    out = torch.empty(meta.shape, dtype=torch.float32)
-    rows = max(1, (64 << 20) // max(1, out[0].numel() * 4)) if out.dim() else 1  # 64 MB of fp32 at a time
-    for start in range(0, out.shape[0] if out.dim() else 1, rows):
-        out[start:start + rows].normal_(0.0, 0.02, generator=gen)
-    return out.to(dtype)
+    out = torch.empty(meta.shape, dtype=dtype)
+    if out.dim() == 0:
+        return out.fill_(0.0)
+    rows = max(1, (64 << 20) // max(1, out[0].numel() * 4))  # 64 MB of fp32 at a time: the PLE table is 9.4 GB
+    for start in range(0, out.shape[0], rows):
+        slab = torch.empty(out[start:start + rows].shape, dtype=torch.float32)
+        out[start:start + rows] = slab.normal_(0.0, 0.02, generator=gen).to(dtype)
+    return out
 
 
 def main() -> int:
@@ -106,12 +109,13 @@ def main() -> int:
     from transformers import Gemma4AssistantForCausalLM, Gemma4ForCausalLM
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    hf_dtype = str(dtype).removeprefix("torch.")  # config.json's spelling
     started, text = time.time(), text_config(args.model)
     target_cfg = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": text,
                   "vision_config": None, "audio_config": None, "tie_word_embeddings": True,
                   "pad_token_id": make.PAD_ID, "eos_token_id": [make.EOS_ID, make.END_OF_TURN_ID],
-                  "bos_token_id": make.BOS_ID, "dtype": args.dtype}
-    drafter_cfg = {**drafter_config(text), "dtype": args.dtype}
+                  "bos_token_id": make.BOS_ID, "dtype": hf_dtype}
+    drafter_cfg = {**drafter_config(text), "dtype": hf_dtype}
     counts = {}
     for role, cls, cfg, prefix in (("target", Gemma4ForCausalLM, text, "model.language_model."),
                                    ("drafter", Gemma4AssistantForCausalLM, drafter_cfg, "")):

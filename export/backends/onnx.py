@@ -89,14 +89,16 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         path = folder / graphs[name].file
         shared_name = _external_initializer(path, EMBEDDINGS_FILE)
         model = _weights_quantized(path, recipe, block_size, accuracy_level, skip=shared_name)
+        streamed = recipe in onnx_stream.STREAMED  # its weights stay in <graph>.onnx.data: tables go there too
+        tables = dict(base_dir=str(folder), data_file=path.name + ".data" if streamed else None)
         layout = None
         if shared_name and recipe in TABLE_BITS:  # the tied table quantized once: lm_head, lookup and host
             model, layout = quantize_shared_table(model, shared_name, bits=TABLE_BITS[recipe], block_size=block_size,
-                                                  accuracy_level=accuracy_level, base_dir=str(folder))
+                                                  accuracy_level=accuracy_level, **tables)
         if shared_name and recipe in INT_RECIPES:
             for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
                 model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
-                                                 accuracy_level=accuracy_level, base_dir=str(folder))
+                                                 accuracy_level=accuracy_level, **tables)
                 options["lookup_tables"] = {**options.get("lookup_tables", {}), table: f"int{ple_bits}"}
         if layout:
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
@@ -107,6 +109,8 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         else:
             drop_stale_data(model, path)
             onnx.save_model(model, str(path))
+        if streamed:
+            onnx_stream.compact(path)  # drop the float tables' bytes the quantized ones replaced
         graphs[name] = dataclasses.replace(_graph_file(folder, path), recipe=recipe)
     options["nodes"] = {name: _node_count(folder / g.file) for name, g in graphs.items()}
     return dataclasses.replace(backend, graphs=graphs, options=options)
@@ -126,7 +130,7 @@ def _weights_quantized(path: Path, recipe: str, block_size: int, accuracy_level:
     ONNX Runtime's whole-graph tools. `skip`: the shared table, quantized once after this."""
     import onnx
 
-    if recipe in ("int4", "int8"):
+    if recipe in onnx_stream.STREAMED:
         onnx_stream.quantize_matmuls(path, int(recipe[3:]), block_size, accuracy_level, skip={skip} - {None})
         return onnx.load(str(path), load_external_data=False)
     if recipe == "int8-dynamic":

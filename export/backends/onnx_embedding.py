@@ -67,6 +67,25 @@ def quantize_blockwise(w: np.ndarray, bits: int, block_size: int) -> tuple[np.nd
     return np.ascontiguousarray(packed), np.ascontiguousarray(scales)
 
 
+LARGE = 64 << 20  # bytes from which a new initializer goes to data_file rather than into the proto
+
+
+def _initializer(array: np.ndarray, name: str, base_dir: str | None, data_file: str | None) -> onnx.TensorProto:
+    """A TensorProto of array: appended to base_dir/data_file as external data when it is LARGE and a file is
+    given, else in the proto."""
+    if data_file is None or base_dir is None or array.nbytes < LARGE:
+        return numpy_helper.from_array(array, name)
+    path = Path(base_dir) / data_file
+    with open(path, "ab") as f:
+        offset = f.seek(0, 2)
+        np.ascontiguousarray(array).tofile(f)
+    proto = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape,
+                        data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", data_file), ("offset", str(offset)), ("length", str(array.nbytes))):
+        proto.external_data.add(key=key, value=value)
+    return proto
+
+
 def _table(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
     """The table's values: a read-only memory map of its external data when it has some (E2B's PLE table is
     9.4 GB of fp32), else the array itself."""
@@ -159,7 +178,7 @@ def _find_uses(graph: onnx.GraphProto, initializer: str, w: np.ndarray):
 
 def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, block_size: int,
                           accuracy_level: int, base_dir: str | None = None,
-                          gather_data: str = "uint8") -> tuple[onnx.ModelProto, dict]:
+                          gather_data: str = "uint8", data_file: str | None = None) -> tuple[onnx.ModelProto, dict]:
     """Replace the tied table `initializer` W [V, H] by one block-quantized copy read by both of its uses.
 
     Args:
@@ -171,6 +190,8 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
             attribute and takes only int4/uint4 data: a second initializer typed uint4 [V, n_blocks*block_size]
             that save_with_table_external points at the SAME bytes of the file, plus explicit uint4
             zero_points = 8 [V, n_blocks], since 1.20's uint4 default zero point is 0).
+        data_file: a file in base_dir the quantized table is appended to as external data when it is large
+            (E2B's int8 PLE table is 2.35 GB: over protobuf's 2 GB message limit); None keeps it in the proto.
     Returns:
         (model, layout): the model edited in place, and how the host can dequantize one row:
         {"initializer_data", "initializer_scales", "bits", "block_size", "shape": [V, H], "n_blocks",
@@ -194,7 +215,8 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
     n_blocks, blob = packed.shape[1], packed.shape[2]
     data_name = _unique(graph, f"{initializer}_q{bits}")
     scales_name = _unique(graph, f"{initializer}_scales")
-    new_inits = [numpy_helper.from_array(packed, data_name), numpy_helper.from_array(scales, scales_name)]
+    new_inits = [_initializer(packed, data_name, base_dir, data_file),
+                 _initializer(scales, scales_name, base_dir, data_file)]
     new_nodes: dict[int, list[onnx.NodeProto]] = {}  # index of the replaced node -> its replacement(s)
     index = {id(n): i for i, n in enumerate(graph.node)}
 

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 # onnx_ir's writer materializes at most this many bytes of lazy tensors at once
 IN_FLIGHT_BYTES = 256 << 20
+SLAB_BYTES = 64 << 20  # what one large weight holds in fp32 at a time while it is written
 
 
 @contextlib.contextmanager
@@ -67,13 +68,21 @@ def bind_lazy(model, real: dict[str, torch.Tensor]) -> int:
 def _lazy(tensor: torch.Tensor, name: str, transpose: bool = False):
     import onnx_ir as ir
 
+    class Fp32(ir.LazyTensor):
+        def tofile(self, file) -> None:
+            """Written a slab of rows at a time: E2B's PLE table alone is 9.4 GB in fp32."""
+            source = tensor.T if transpose else tensor
+            rows = max(1, SLAB_BYTES // max(1, 4 * source[0].numel())) if source.dim() > 1 else len(source)
+            for start in range(0, max(1, len(source)), rows):
+                file.write(source[start:start + rows].to(torch.float32).contiguous().numpy().tobytes())
+
     shape = tuple(tensor.shape[::-1]) if transpose else tuple(tensor.shape)
 
     def materialize():
         array = tensor.to(torch.float32).numpy()
         return ir.tensor(np.ascontiguousarray(array.T) if transpose else array, name=name)
 
-    return ir.LazyTensor(materialize, dtype=ir.DataType.FLOAT, shape=ir.Shape(shape), name=name)
+    return Fp32(materialize, dtype=ir.DataType.FLOAT, shape=ir.Shape(shape), name=name)
 
 
 def _is_fake(tensor) -> bool:
@@ -197,6 +206,17 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
 
 
 MS_DOMAIN = "com.microsoft"
+STREAMED = ("int4", "int8")  # the recipes quantize_matmuls packs
+
+
+def compact(path: Path) -> None:
+    """Rewrite <graph>.onnx.data with only the tensors the saved graph still reads, streamed in chunks (the
+    float tables a quantization replaced leave their bytes behind otherwise)."""
+    import onnx_ir as ir
+
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        _save_replacing(ir.load(path), path)
 
 
 class _Packed:
