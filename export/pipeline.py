@@ -167,8 +167,10 @@ def _check_graphs(manifest: Manifest, job: ExportJob, root: Path) -> None:
     checks = verify.check_onnx(manifest, job.target, job.drafter, manifest_prompt(manifest, root))
     (root / "graph_parity.json").write_text(json.dumps([c.__dict__ | {"ok": c.ok} for c in checks], indent=2))
     for c in checks:
-        log.info("  %-24s max|d| %.2e (tol %.1e)  argmax %.0f%%  %s", c.signature, c.max_abs, c.tolerance,
-                 100 * c.argmax_agree, "ok" if c.ok else "FAIL")
+        ties = f" ({c.near_ties} near-ties)" if c.near_ties else ""
+        noise = f"  PyTorch vs itself {c.reference_noise:.1e}" if c.reference_noise > verify.ATOL / verify.NOISE_FACTOR else ""
+        log.info("  %-24s max|d| %.2e (tol %.1e)  argmax %.0f%%%s  %s%s", c.signature, c.max_abs, c.tolerance,
+                 100 * c.argmax_agree, ties, "ok" if c.ok else "FAIL", noise)
     verify.raise_on_failure(checks)
 
 

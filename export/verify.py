@@ -2,7 +2,13 @@
 
 prefill, decode and verify logits (and the final-norm hidden states the drafter reads) are compared with one
 transformers forward over the whole sequence; draft logits and projected activations with the HF drafter fed
-the same store-layer K/V. Logits: 1e-4 max abs in fp32 and 100% argmax agreement.
+the same store-layer K/V. Logits: 1e-4 max abs in fp32, or NOISE_FACTOR times PyTorch's own disagreement with
+itself (the same forward at 1 and 2 threads) when that is larger; every argmax agrees, or the reference's two
+candidates lie within that tolerance (a near-tie).
+
+Why the noise floor: a deep model with random weights amplifies fp32 rounding. On the full-size random E2B
+(35 layers), PyTorch's logits at 1 and 2 threads differed by 0.18 (600 tokens, argmax 98.8%); a fixed 1e-4 can
+only fail there, while on the tiny and trained models the floor is ~1e-6 and 1e-4 stays the bar.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import torch
 from mtpkit.errors import MtpkitError
 
 ATOL = 1e-4
+NOISE_FACTOR = 4  # ONNX Runtime vs PyTorch may differ this many times PyTorch vs itself (E2B random: 0.32 vs 0.18)
 
 
 @dataclass(frozen=True)
@@ -23,23 +30,34 @@ class GraphCheck:
     max_abs: float
     argmax_agree: float
     tolerance: float
+    flips: int = 0  # positions whose argmax differs from the reference's
+    near_ties: int = 0  # of those, where the reference's two candidates are within tolerance of each other
+    reference_noise: float = 0.0  # PyTorch vs itself at another thread count (0: not measured)
 
     @property
     def ok(self) -> bool:
-        return self.max_abs <= self.tolerance and self.argmax_agree == 1.0
+        return self.max_abs <= self.tolerance and self.near_ties == self.flips
 
 
 class GraphParityError(MtpkitError, RuntimeError):
     """An exported graph does not match PyTorch; the export is refused and removed."""
 
 
-def _compare(name: str, got: np.ndarray, want: np.ndarray, logits: bool = True) -> GraphCheck:
-    """Logits: ATOL absolute and argmax agreement. Hidden states: ATOL relative to their largest magnitude,
-    because fp32 itself is about that far from fp64 on activations of magnitude ~4 (measured on tiny models)."""
+def _compare(name: str, got: np.ndarray, want: np.ndarray, logits: bool = True, noise: float = 0.0) -> GraphCheck:
+    """Logits: ATOL absolute (or NOISE_FACTOR x the reference's own noise) and argmax agreement up to near-ties.
+    Hidden states: the same relative to their largest magnitude, because fp32 itself is about ATOL from fp64 on
+    activations of magnitude ~4 (measured on tiny models)."""
     got, want = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])
-    if logits:
-        return GraphCheck(name, float(np.abs(got - want).max()), float((got.argmax(-1) == want.argmax(-1)).mean()), ATOL)
-    return GraphCheck(name, float(np.abs(got - want).max()), 1.0, ATOL * max(1.0, float(np.abs(want).max())))
+    max_abs = float(np.abs(got - want).max())
+    if not logits:
+        scale = max(1.0, float(np.abs(want).max()))
+        return GraphCheck(name, max_abs, 1.0, max(ATOL * scale, NOISE_FACTOR * noise), reference_noise=noise)
+    tolerance = max(ATOL, NOISE_FACTOR * noise)
+    chosen, best = got.argmax(-1), want.argmax(-1)
+    rows = np.flatnonzero(chosen != best)
+    gap = want[rows, best[rows]] - want[rows, chosen[rows]]  # how far the graph's pick is below the reference's
+    return GraphCheck(name, max_abs, float((chosen == best).mean()), tolerance, flips=len(rows),
+                      near_ties=int((gap <= tolerance).sum()), reference_noise=noise)
 
 
 def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
@@ -53,6 +71,7 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
     with torch.no_grad():
         hf = target(torch.tensor([ids]), output_hidden_states=True, return_shared_kv_states=True, use_cache=False)
     ref_logits, ref_hidden = hf.logits[0].numpy(), hf.hidden_states[-1][0].numpy()
+    noise = _reference_noise(target, ids, ref_logits, ref_hidden)
     checks = []
     # prefill all but the last 5 tokens, then verify 4 of them, then decode the last one
     split = [(0, n - 5, "prefill"), (n - 5, n - 1, "verify"), (n - 1, n, "decode")]
@@ -61,14 +80,29 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
         sig = backend.signatures[name]
         feeds = _target_feeds(sig, manifest, ids[start:end], start, kv)
         out = dict(zip([o.name for o in sig.outputs], sessions[sig.graph].run(None, feeds)))
-        checks.append(_compare(name, out[sig.output("logits").name], ref_logits[start:end]))
-        checks.append(_compare(name + ".hidden_states", out[sig.output("activations").name], ref_hidden[start:end], logits=False))
+        checks.append(_compare(name, out[sig.output("logits").name], ref_logits[start:end], noise=noise[0]))
+        checks.append(_compare(name + ".hidden_states", out[sig.output("activations").name], ref_hidden[start:end],
+                               logits=False, noise=noise[1]))
         for layer in kv:
             k_new = out[sig.output("new_key", layer).name]
             v_new = out[sig.output("new_value", layer).name]
             kv[layer] = (np.concatenate([kv[layer][0], k_new], 2), np.concatenate([kv[layer][1], v_new], 2))
     checks += _check_draft(manifest, sessions, target, drafter, ids, hf)
     return checks
+
+
+def _reference_noise(target, ids: list[int], logits: np.ndarray, hidden: np.ndarray) -> tuple[float, float]:
+    """(logits, hidden states): how far PyTorch's own forward moves when only its summation order does (the
+    other of 1 and 2 intra-op threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2 if threads == 1 else 1)
+    try:
+        with torch.no_grad():
+            again = target(torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    finally:
+        torch.set_num_threads(threads)
+    return (float(np.abs(again.logits[0].numpy() - logits).max()),
+            float(np.abs(again.hidden_states[-1][0].numpy() - hidden).max()))
 
 
 def _target_feeds(sig, manifest, ids, pos, kv) -> dict:
@@ -114,5 +148,6 @@ def _check_draft(manifest, sessions, target, drafter, ids, hf) -> list[GraphChec
 def raise_on_failure(checks: list[GraphCheck]) -> None:
     bad = [c for c in checks if not c.ok]
     if bad:
-        detail = "; ".join(f"{c.signature}: max|d|={c.max_abs:.2e}, argmax {c.argmax_agree:.0%}" for c in bad)
-        raise GraphParityError(f"exported graphs do not match PyTorch (tolerance {ATOL}): {detail}")
+        detail = "; ".join(f"{c.signature}: max|d|={c.max_abs:.2e} (tolerance {c.tolerance:.1e}), argmax "
+                           f"{c.argmax_agree:.0%}, {c.flips - c.near_ties} flip(s) beyond a near-tie" for c in bad)
+        raise GraphParityError(f"exported graphs do not match PyTorch: {detail}")

@@ -188,3 +188,20 @@ def test_streamed_quantization_equals_onnxruntimes_quantizer(tmp_path, bits):
     for a, b in zip(run(expected), run(got)):
         np.testing.assert_array_equal(a, b)
     assert not list(tmp_path.glob("*.new"))  # nothing half-written left behind
+
+
+def test_graph_check_allows_argmax_flips_only_at_near_ties_and_scales_with_pytorchs_own_noise():
+    from mtpkit.export import verify
+
+    want = np.array([[0.0, 1.0, 0.99995], [0.0, 2.0, 1.0]], np.float32)
+    assert verify._compare("x", want.copy(), want).ok
+    tie = want.copy()
+    tie[0, 2] += 1e-4  # the graph picks column 2 where the reference's top two are 5e-5 apart
+    check = verify._compare("x", tie, want)
+    assert check.ok and (check.flips, check.near_ties) == (1, 1) and check.argmax_agree == 0.5
+    far = want.copy()
+    far[1, 2] += 1.5  # a flip 1.0 below the reference's pick: a wrong graph
+    assert not verify._compare("x", far, want).ok
+    assert verify._compare("x", far, want, noise=0.5).ok  # unless PyTorch itself moves that much (deep random nets)
+    hidden = verify._compare("h", want + 2e-3, want, logits=False, noise=1e-3)
+    assert hidden.ok and hidden.tolerance == verify.NOISE_FACTOR * 1e-3

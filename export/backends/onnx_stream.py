@@ -12,13 +12,10 @@ into `embeddings.bin`, where the runtime's host lookup reads the same bytes, eve
 from __future__ import annotations
 
 import contextlib
-import logging
 from pathlib import Path
 
 import numpy as np
 import torch
-
-log = logging.getLogger(__name__)
 
 # onnx_ir's writer materializes at most this many bytes of lazy tensors at once
 IN_FLIGHT_BYTES = 256 << 20
