@@ -136,7 +136,11 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     growth = {**GROWTH, "quantize": max(onnx if kind == "onnx" else GROWTH[f"{kind} quantize"] for kind in cfg.backend)}
     if "int8-dynamic" in (cfg.quant, cfg.drafter_quant) and "onnx" in cfg.backend:
         growth["quantize"] = max(growth["quantize"], GROWTH["onnx quantize"] + DYNAMIC_QUANTIZE_EXTRA)
-    out.update({name: int(base + held + w.fp32 * growth[name] + extra) for name, extra in filter(None, later)})
+    # ONNX Runtime maps a Gather-only table (the PLE table) instead of copying it: only the rest grows these phases
+    # (the full-size E2B's acceptance phase peaked at 14.4 GB, where W x (1 + 1.25) would say 40 GiB)
+    sessions = {"check", "acceptance", "quantize"}
+    grows = {name: w.fp32 - (4 * w.ple if name in sessions else 0) for name in growth}
+    out.update({name: int(base + held + grows[name] * growth[name] + extra) for name, extra in filter(None, later)})
     return out
 
 

@@ -7,7 +7,7 @@ itself (the same forward at 1 and 2 threads) when that is larger; every argmax a
 candidates lie within that tolerance (a near-tie).
 
 Why the noise floor: a deep model with random weights amplifies fp32 rounding. On the full-size random E2B
-(35 layers), PyTorch's logits at 1 and 2 threads differed by 0.18 (600 tokens, argmax 98.8%); a fixed 1e-4 can
+(35 layers), PyTorch's logits at 1 and 2 threads differed by 0.11-0.18 (600 tokens, argmax 98.8%); a fixed 1e-4 can
 only fail there, while on the tiny and trained models the floor is ~1e-6 and 1e-4 stays the bar.
 """
 
@@ -21,7 +21,9 @@ import torch
 from mtpkit.errors import MtpkitError
 
 ATOL = 1e-4
-NOISE_FACTOR = 4  # ONNX Runtime vs PyTorch may differ this many times PyTorch vs itself (E2B random: 0.32 vs 0.18)
+# ONNX Runtime vs PyTorch may differ this many times PyTorch vs itself: on the random full-size E2B (600 tokens)
+# the ratio was 2.9 on logits (0.32 vs 0.11) and 4.1 on the final hidden states (0.339 vs 0.083)
+NOISE_FACTOR = 8
 
 
 @dataclass(frozen=True)
