@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="LiteRT drafts per verify call, verify length = this + 1 (default: drafter's num_assistant_tokens)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the graph-vs-PyTorch check")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="what the exporter holds the target's weights in while it works: auto (default: the "
+                   help="what the exporter holds the target's weights in while it works: auto (default: fp32 when "
+                        "the memory preflight says it fits, since PyTorch's phases run fastest on it, else the "
                         "checkpoint's own dtype, bf16 for the hub's Gemma 4), fp32, bf16 or fp16. The graphs are the "
                         "same either way (weights are upcast exactly as they are written); bf16 halves the memory "
                         "an fp32 copy would take")
