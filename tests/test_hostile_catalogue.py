@@ -157,8 +157,9 @@ def _unreadable_config(c: Ctx):
 
 
 def _unreadable_manifest(c: Ctx):
+    folder = Path(c.exports(PAIR))  # exported before reads are denied: the shared export may not exist yet
     _unreadable(c, "manifest.json")
-    return c.run()
+    return c.run(folder=folder)
 
 
 def _pickle_only(c: Ctx):
