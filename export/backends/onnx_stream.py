@@ -20,6 +20,7 @@ import torch
 # onnx_ir's writer materializes at most this many bytes of lazy tensors at once
 IN_FLIGHT_BYTES = 256 << 20
 SLAB_BYTES = 64 << 20  # what one large weight holds in fp32 at a time while it is written
+INLINE_BYTES = 1024  # smaller initializers stay in the graph's proto
 
 
 @contextlib.contextmanager
@@ -121,26 +122,36 @@ def save(model, path: Path, table: str | None, embeddings_file: str) -> dict | N
     """Write the graph with every weight as external data, one tensor at a time: the initializer `table` alone
     in `embeddings_file` (its entry for the manifest is returned), the rest in `<path>.data`."""
     import onnx_ir as ir
-    from onnx_ir import external_data
 
     folder = path.parent
     inits = model.graph.initializers
     entry = None
     if table is not None:
         tensor = inits[table].const_value
-        inits[table].const_value = external_data.convert_tensors_to_external(
-            [tensor], folder, embeddings_file, max_in_flight_bytes=IN_FLIGHT_BYTES)[0]
+        inits[table].const_value = _write([inits[table]], folder, embeddings_file)[0]
         entry = {"file": embeddings_file, "offset": 0, "shape": list(tensor.shape), "dtype": _numpy_dtype(tensor.dtype),
                  "initializer": table}
     for node in model.graph:  # the exporting machine's source paths: not shipped, and graphs stay reproducible
         node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
-    rest = [v for name, v in inits.items() if name != table and v.const_value is not None
-            and v.const_value.nbytes >= 1024]
-    for value, written in zip(rest, external_data.convert_tensors_to_external(
-            [v.const_value for v in rest], folder, path.name + ".data", max_in_flight_bytes=IN_FLIGHT_BYTES)):
+    rest = _large(model, lambda v: v.name == table)
+    for value, written in zip(rest, _write(rest, folder, path.name + ".data")):
         value.const_value = written
     ir.save(model, path)
     return entry
+
+
+def _large(model, skip) -> list:
+    """The initializers written as external data: INLINE_BYTES or more, and not skip(value)."""
+    return [v for v in model.graph.initializers.values()
+            if v.const_value is not None and v.const_value.nbytes >= INLINE_BYTES and not skip(v)]
+
+
+def _write(values: list, folder: Path, file: str) -> list:
+    """Write the values' tensors into folder/file one at a time (at most IN_FLIGHT_BYTES materialized at once)."""
+    from onnx_ir import external_data
+
+    return external_data.convert_tensors_to_external([v.const_value for v in values], folder, file,
+                                                     max_in_flight_bytes=IN_FLIGHT_BYTES)
 
 
 def initializer_of(model, real: dict[str, torch.Tensor], tensor: torch.Tensor | None) -> str | None:
@@ -254,13 +265,10 @@ def _save_replacing(model, path: Path) -> None:
     """Save over the graph whose external data the model still reads: the data into a new file first (every lazy
     tensor is read while it is written), renamed over the old one, then the graph pointing at it."""
     import onnx_ir as ir
-    from onnx_ir import external_data
 
     data = path.name + ".data"
-    rest = [v for v in model.graph.initializers.values() if v.const_value is not None and v.const_value.nbytes >= 1024
-            and not _in_other_file(v.const_value, data)]
-    written = external_data.convert_tensors_to_external([v.const_value for v in rest], path.parent, data + ".new",
-                                                        max_in_flight_bytes=IN_FLIGHT_BYTES)
+    rest = _large(model, lambda v: _in_other_file(v.const_value, data))
+    written = _write(rest, path.parent, data + ".new")
     kept = {id(v) for v in rest}
     for value in model.graph.initializers.values():  # small ones stay inline: read them before the old data goes
         if id(value) not in kept and value.const_value is not None and not _in_other_file(value.const_value, data):
