@@ -15,6 +15,7 @@ import numpy as np
 
 from mtpkit import __version__
 from mtpkit.errors import UsageError
+from mtpkit.runtime.backends.onnx import without_prepacking
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
 
 from . import backends as backends_pkg
@@ -74,7 +75,7 @@ def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, 
     log.info("  target weights held in %s", str(next(job.target.parameters()).dtype).removeprefix("torch."))
     with tad.fp32_compute(job.target):  # PyTorch computes in fp32 whatever the weights are held in (--dtype)
         manifest = _graphs_checked(cfg, job, phases, sources)
-    with phases.phase("[4/5]", "acceptance"):
+    with phases.phase("[4/5]", "acceptance"), without_prepacking(enabled=cfg.quant == "fp32"):
         manifest = _record_acceptance(manifest, tmp)
     log.info("[5/5] writing %s", cfg.out)
     with phases.phase("[5/5]", "write"):
@@ -100,7 +101,7 @@ def _graphs_checked(cfg: ExportConfig, job: ExportJob, phases: PhaseLog, sources
     manifest.save(job.folder)
     if cfg.check:
         log.info("[4/5] checking every graph against PyTorch")
-        with phases.phase("[4/5]", "check"):
+        with phases.phase("[4/5]", "check"), without_prepacking():  # one-off float sessions: no packed copy
             _check_graphs(manifest, job, job.folder)
     if {cfg.quant, cfg.drafter_quant} != {"fp32"}:
         log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",
@@ -121,7 +122,8 @@ def _job(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src) -> Export
 def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     """Quantize each backend's float graphs (checked above) in place, then measure and gate the result."""
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
-    float_figures = {kind: fidelity.runtime_figures(job.folder, reference, backend=kind) for kind in manifest.backends}
+    with without_prepacking():
+        float_figures = {kind: fidelity.runtime_figures(job.folder, reference, backend=kind) for kind in manifest.backends}
     cfg = job.cfg
     recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
     backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level,

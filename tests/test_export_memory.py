@@ -193,3 +193,36 @@ def test_session_phases_do_not_count_the_mapped_ple_table():
     mapped, copied = preflight.phases(_plan(), w, "bf16"), preflight.phases(_plan(), replace(w, ple=0), "bf16")
     assert mapped["check"] < copied["check"] and mapped["acceptance"] < copied["acceptance"]
     assert mapped["onnx graphs"] == copied["onnx graphs"]  # the export itself still writes the table
+
+
+def test_export_sessions_skip_prepacking_only_inside_the_scope_and_compute_the_same(tiny_exports):
+    """Export's one-off float sessions keep MatMul weights mapped (an fp32 E4B's packed copy is ~18.6 GB); the
+    runtime's own sessions still prepack, and both give the same verify outputs."""
+    import numpy as np
+
+    from mtpkit.export.graph_bench import _feeds
+    from mtpkit.runtime.backends.onnx import OrtSession, session_options, without_prepacking
+    from mtpkit.runtime.manifest import load_manifest
+
+    manifest = load_manifest(tiny_exports(E2B))
+    backend = manifest.backend("onnx")
+
+    def entry(opts):
+        try:
+            return opts.get_session_config_entry("session.disable_prepacking")
+        except RuntimeError:  # not set
+            return None
+
+    with without_prepacking():
+        unpacked = OrtSession.open(manifest, backend, 1)
+        assert entry(session_options()) == "1"
+    packed = OrtSession.open(manifest, backend, 1)
+    assert all(entry(s.get_session_options()) == "1" for s in unpacked._sessions.values())
+    assert not any(entry(s.get_session_options()) == "1" for s in packed._sessions.values())
+    with without_prepacking(enabled=False):
+        assert entry(session_options()) != "1"
+    feeds = _feeds(manifest, "verify", 40, 5)
+    got, want = unpacked.run("verify", feeds), packed.run("verify", feeds)
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-5)

@@ -205,3 +205,39 @@ def test_graph_check_allows_argmax_flips_only_at_near_ties_and_scales_with_pytor
     assert verify._compare("x", far, want, noise=0.5).ok  # unless PyTorch itself moves that much (deep random nets)
     hidden = verify._compare("h", want + 2e-3, want, logits=False, noise=1e-3)
     assert hidden.ok and hidden.tolerance == verify.NOISE_FACTOR * 1e-3
+
+
+class _Stack(torch.nn.Module):
+    """A residual stack of random Linears called like a transformers model, deep enough to amplify rounding."""
+
+    def __init__(self, depth: int, width: int = 64, gain: float = 1.5):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(32, width)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        for layer in self.layers:
+            torch.nn.init.normal_(layer.weight, std=gain / width ** 0.5)
+        self.head = torch.nn.Linear(width, 32)
+
+    def forward(self, ids, output_hidden_states=True, use_cache=False):
+        from types import SimpleNamespace
+
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = x + torch.tanh(layer(x))
+        return SimpleNamespace(logits=self.head(x), hidden_states=[x])
+
+
+def test_reference_noise_is_seeded_jitter_amplified_by_depth_and_leaves_no_hooks():
+    from mtpkit.export import verify
+
+    def noise(model):
+        with torch.no_grad():
+            out = model(torch.tensor([list(range(20))]))
+        return verify._reference_noise(model, list(range(20)), out.logits[0].numpy(), out.hidden_states[-1][0].numpy())
+
+    shallow, deep = _Stack(2), _Stack(48)
+    assert noise(deep) == noise(deep)  # seeded: the same export checks against the same tolerance
+    assert 0 < noise(shallow)[0] < verify.ATOL / verify.NOISE_FACTOR  # small models keep the fixed 1e-4
+    assert noise(deep)[0] > 10 * noise(shallow)[0] and noise(deep)[1] > 10 * noise(shallow)[1]
+    assert not any(m._forward_hooks for m in deep.modules())

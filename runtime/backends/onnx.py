@@ -8,6 +8,7 @@ are never read until they are overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -53,6 +54,8 @@ class OrtSession:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for key, value in _EXTRA_CONFIG.items():
+            opts.add_session_config_entry(key, value)
         opts.log_severity_level = 3
         sessions = {name: ort.InferenceSession(str(manifest.path(graph.file)), opts, providers=["CPUExecutionProvider"])
                     for name, graph in backend.graphs.items()}
@@ -63,6 +66,37 @@ class OrtSession:
         graph, inputs, output_names, output_keys = self._io[signature]
         values = self._run[graph](output_names, {name: feeds[key] for name, key in inputs}, None)
         return dict(zip(output_keys, values))
+
+
+_EXTRA_CONFIG: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def without_prepacking(enabled: bool = True):
+    """Sessions opened inside keep their MatMul weights where the model file maps them instead of packing a
+    private copy. For fp32 graphs that copy is as large as the weights (E4B: ~18.6 GB beside the mapped file),
+    which a one-off export session on a full-size model cannot afford; decode is as fast without it, a 5-token
+    verify ~2.8x slower (docs/export-memory.md), so the runtime itself always prepacks."""
+    before = dict(_EXTRA_CONFIG)
+    if enabled:
+        _EXTRA_CONFIG["session.disable_prepacking"] = "1"
+    try:
+        yield
+    finally:
+        _EXTRA_CONFIG.clear()
+        _EXTRA_CONFIG.update(before)
+
+
+def session_options():
+    """A plain SessionOptions carrying the scoped entries above (for export's own graph check), warnings off
+    (an fp32 E2B's tied table logs a constant-folding notice per session)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    for key, value in _EXTRA_CONFIG.items():
+        opts.add_session_config_entry(key, value)
+    return opts
 
 
 def _check_version(installed: str, needed: str | None) -> None:
