@@ -45,15 +45,22 @@ GROWTH = {
     "onnx graphs": 0.15,  # streamed (onnx_stream.py): the IR, one tensor in flight (fp32 held 1159, bf16 held 971)
     "litert graphs": 4.3,  # export_hf loads the checkpoint again and converts it to flatbuffers (4078, 4084)
     "reference": 0.2,  # transformers generate(); bf16 held: each weight upcast as used (fp32 1119, bf16 993)
-    "check": 1.25,  # ONNX Runtime sessions of the fp32 graphs beside the PyTorch model (1881)
-    "acceptance": 1.25,  # the runtime on the final graphs; runs with --no-check too (1871)
+    # ONNX Runtime sessions of the fp32 graphs beside the PyTorch model, their weights mapped, not prepacked
+    # (without_prepacking: 1750; 1881 prepacked)
+    "check": 1.0,
+    # the runtime on the final graphs; runs with --no-check too (fp32: 1871). For quantized graphs: their
+    # weights x this, or QUANTIZED_RESIDUE x W if larger (int4: 1352)
+    "acceptance": 1.25,
     # the float graphs loaded again and quantized beside them, then measured (int4: onnx 2321; onnx + litert 3994)
     "onnx quantize": 1.8,
-    # int8 / int4 are packed tensor by tensor from the float graph's mapped data (onnx_stream.py): what stays
-    # resident after the check, no more (e2b-wide int4: 1766, beside the check's 1763; 2321 loading the graph)
-    "onnx quantize streamed": 1.25,
+    # int8 / int4 are packed tensor by tensor from the float graph's mapped data (onnx_stream.py), the float
+    # graphs run unpacked for the reference figures (e2b-wide int4: 1787; 2321 loading the graph whole)
+    "onnx quantize streamed": 1.0,
     "litert quantize": 3.0,
 }
+# What the quantize phase leaves resident (the allocator keeps freed pages) under the acceptance phase's quantized
+# graphs, in W: e2b-wide int4's acceptance measured 1352 MiB, base + model + 0.3 W
+QUANTIZED_RESIDUE = 0.3
 # ONNX int8-dynamic's quantize_dynamic reads its own shape-inferred copy of the float graph: e2b-wide's quantize
 # phase peaked at 3010 MiB against int4's 2321 (docs/export-memory.md)
 DYNAMIC_QUANTIZE_EXTRA = 1.1
@@ -128,9 +135,9 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
         out[f"{kind} graphs"] = int(max(base, BASE[kind]) + held + w.fp32 * GROWTH[f"{kind} graphs"])
         if kind == "litert":
             base = BASE["litert"] + LITERT_KEPT * w.fp32
+    quantized = {cfg.quant, cfg.drafter_quant} != {"fp32"}
     later = [("reference", 0), ("check", 0) if cfg.check else None,
-             ("quantize", quantized_bytes(cfg, w)) if {cfg.quant, cfg.drafter_quant} != {"fp32"} else None,
-             ("acceptance", 0)]
+             ("quantize", quantized_bytes(cfg, w)) if quantized else None, ("acceptance", 0)]
     streamed = {cfg.quant, cfg.drafter_quant} <= {"fp32", *STREAMED}
     onnx = GROWTH["onnx quantize streamed" if streamed else "onnx quantize"]
     growth = {**GROWTH, "quantize": max(onnx if kind == "onnx" else GROWTH[f"{kind} quantize"] for kind in cfg.backend)}
@@ -141,6 +148,9 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     sessions = {"check", "acceptance", "quantize"}
     grows = {name: w.fp32 - (4 * w.ple if name in sessions else 0) for name in growth}
     out.update({name: int(base + held + grows[name] * growth[name] + extra) for name, extra in filter(None, later)})
+    if quantized:  # the acceptance phase runs the quantized graphs: their weights, or what quantizing left, grow it
+        kept = max(final_bytes(cfg, w) * GROWTH["acceptance"], QUANTIZED_RESIDUE * grows["acceptance"])
+        out["acceptance"] = int(base + held + kept)
     return out
 
 
@@ -156,10 +166,19 @@ def held_dtype(cfg, w: Weights, budget: int | None) -> str:
 
 
 def quantized_bytes(cfg, w: Weights) -> int:
-    """Bytes of the weights under the recipe: blockwise int8 / int4 carry one fp32 scale per block."""
-    per = lambda recipe: BYTES_PER_WEIGHT[recipe] + (4 / cfg.block_size if recipe in BLOCKWISE else 0)  # noqa: E731
+    """Bytes of the weights under the recipe, the PLE table at --ple-quant under int8 / int4."""
     ple = cfg.ple_quant if cfg.quant.startswith("int") else cfg.quant
-    return int((w.target - w.ple) * per(cfg.quant) + w.ple * per(ple) + w.drafter * per(cfg.drafter_quant))
+    return final_bytes(cfg, w) + int(w.ple * _per_weight(cfg, ple))
+
+
+def _per_weight(cfg, recipe: str) -> float:
+    """Stored bytes per weight: blockwise int8 / int4 carry one fp32 scale per block."""
+    return BYTES_PER_WEIGHT[recipe] + (4 / cfg.block_size if recipe in BLOCKWISE else 0)
+
+
+def final_bytes(cfg, w: Weights) -> int:
+    """Bytes of the final graphs' weights an ONNX Runtime session holds: all but the PLE table, which it maps."""
+    return int((w.target - w.ple) * _per_weight(cfg, cfg.quant) + w.drafter * _per_weight(cfg, cfg.drafter_quant))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,19 @@ def _quantized_copy(src, dst, recipe: str):
     return load_manifest(dst)  # checks every sha256 again
 
 
+def assert_equal_but_near_ties(engine, ids: list[int], spec: list[int], plain: list[int], bound: float = 0.05):
+    """Speculative greedy equals plain greedy, or first differs where the plain run's top-1 and top-2 logits lie
+    within `bound`. A verified row differs from the same token decoded alone by ~1e-6 (summation order);
+    MatMulNBits' int8 activations (accuracy_level 4) can turn that into a rounding step of ~2e-2 (docs/scale-bench.md)."""
+    i = next((i for i, (a, b) in enumerate(zip(spec, plain)) if a != b), None)
+    if i is None:
+        assert len(spec) == len(plain)
+        return
+    logits = engine.target.forward(ids + plain[:i], 0)[0][-1]
+    top2 = np.sort(logits)[-2:]
+    assert top2[1] - top2[0] < bound, (i, float(top2[1] - top2[0]), spec, plain)
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 @pytest.mark.parametrize("recipe", ["fp16", "int8", "int4"])
 def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe):
@@ -59,7 +72,7 @@ def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe
         plain = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, mtp=False))]
         spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))]
         assert len(plain) == 12 or plain[-1] in manifest.eos_ids  # a random model may stop at EOS
-        assert spec == plain  # lossless on the quantized graphs themselves
+        assert_equal_but_near_ties(engine, ids, spec, plain)  # lossless on the quantized graphs themselves
 
 
 def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_exports, tmp_path):
@@ -236,6 +249,7 @@ def test_a_4_bit_ple_table_only_when_asked_and_its_cost_is_measured(tiny_exports
     ids = [2] + list(range(40, 70))
     engine = Engine(folders[4])
     plain = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, mtp=False))]
-    assert [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))] == plain
+    spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))]
+    assert_equal_but_near_ties(engine, ids, spec, plain)
     with pytest.raises(ValueError, match=r"unknown --ple-quant recipe 'int2'"):
         ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int4", ple_quant="int2")
