@@ -39,10 +39,23 @@ class OrtApi(libraryPath: String, apiVersion: Int = 22) {
     private val api: Pointer
 
     init {
-        val base = NativeLibrary.getInstance(libraryPath).getFunction("OrtGetApiBase").invokePointer(arrayOf())
+        val base = pin(libraryPath).getFunction("OrtGetApiBase").invokePointer(arrayOf())
         // OrtApiBase = { GetApi(version), GetVersionString() }; GetApi returns null for a version the library lacks
         api = JnaFunction.getFunction(base.getPointer(0)).invokePointer(arrayOf<Any?>(apiVersion))
             ?: error("$libraryPath does not provide ORT C API version $apiVersion; use onnxruntime >= 1.$apiVersion")
+    }
+
+    private companion object {
+        /**
+         * JNA (5.12+) holds a NativeLibrary weakly and dlcloses it once collected. Before ORT has registered a
+         * thread-local destructor (CreateEnv does) that unmaps libonnxruntime, and every function pointer read from
+         * the api table dangles: a SIGSEGV in libffi in CI, reproduced by a GC between OrtApi() and createEnv().
+         * ORT cannot be unloaded and reloaded in one process anyway (its env is a process singleton): pin it.
+         */
+        private val pinned = HashMap<String, NativeLibrary>()
+
+        @Synchronized
+        fun pin(libraryPath: String): NativeLibrary = pinned.getOrPut(libraryPath) { NativeLibrary.getInstance(libraryPath) }
     }
 
     private fun fn(slot: Int) = JnaFunction.getFunction(api.getPointer(slot.toLong() * Native.POINTER_SIZE))
