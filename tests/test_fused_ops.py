@@ -44,7 +44,7 @@ def _draft_call(dad, drafter, target):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_fused_ops_patch_equals_transformers_and_is_undone(tiny_checkpoints, name):
-    """The custom ops and the regrouped query heads give transformers' numbers (1e-5) for prefill, verify and
+    """The custom ops and the regrouped query heads give transformers' numbers (5e-5) for prefill, verify and
     decode of the target and for a draft step, on every variant (1 and 2 K/V heads, k_eq_v, both heads)."""
     from transformers.models.gemma4 import modeling_gemma4 as hf
 
@@ -58,7 +58,9 @@ def test_fused_ops_patch_equals_transformers_and_is_undone(tiny_checkpoints, nam
             with tad.fused_ops(target), dad.fused_ops(drafter):
                 fused = call()
             for a, b in zip(plain, fused):
-                assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+                # fp32 through several layers in another summation order: up to 1.2e-5 seen (e4b_text_dense_kv_eq,
+                # on one CPU; under 1e-5 on another), so 5e-5, still half the issue's 1e-4 graph parity bound
+                assert a.shape == b.shape and torch.allclose(a, b, atol=5e-5, rtol=0), (a - b).abs().max()
     assert hf.Gemma4RMSNorm.forward is norm_forward and hf.Gemma4TextAttention.forward is attention_forward
     assert not any(hasattr(m, name) for m in (*target.modules(), *drafter.modules()) for name in tad.GROUPED)
     assert all("grouped" not in name for name, _ in (*target.named_parameters(), *drafter.named_parameters()))
