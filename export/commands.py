@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         "same either way (weights are upcast exactly as they are written); bf16 halves the memory "
                         "an fp32 copy would take")
     p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
-                   help="memory (GiB) the export may use at its peak; an export estimated to need more is refused "
+                   help="memory (GiB) the export may use at its peak; an export estimated to need more anonymous "
+                        "memory (mapped checkpoint and graph pages can be paged out, so they do not count) is refused "
                         "before loading weights (default: MemAvailable)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
 

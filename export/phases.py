@@ -6,6 +6,10 @@ only when memory is unmapped, and a thread sampling VmRSS every 20 ms, which mis
 (macOS) it is ru_maxrss, the process's peak so far: an upper bound. A child's peak (RUSAGE_CHILDREN) is added
 when it grew during the phase; no exporter spawns one today (litert-torch's export_hf converts in-process).
 The reset also lowers what getrusage and time(1) report for the process: read its peak from PhaseLog instead.
+
+The sampler also records the peak of RssAnon: memory the kernel cannot reclaim (the OOM killer's measure). The
+rest of RSS at full size is mostly clean file pages (a held bf16 checkpoint, ONNX Runtime's mapped .data), which
+the kernel drops and re-reads under pressure instead of killing the process (docs/export-memory.md).
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ def _status_kb(key: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _status() -> dict[str, int]:
+    """/proc/self/status's kB fields read at once (empty without /proc)."""
+    try:
+        text = STATUS.read_text()
+    except OSError:
+        return {}
+    return {k: int(v) for k, v in re.findall(r"^(\w+):\s+(\d+) kB", text, re.MULTILINE)}
+
+
 def _reset_high_water_mark() -> bool:
     try:
         CLEAR_REFS.write_text("5")
@@ -48,20 +61,27 @@ def _maxrss_bytes(who: int) -> int:
 
 
 class _Sampler(threading.Thread):
-    """The largest VmRSS seen while it runs, sampled every 20 ms."""
+    """The largest VmRSS and RssAnon seen while it runs, sampled every 20 ms."""
 
     def __init__(self):
         super().__init__(daemon=True, name="mtpkit-rss-sampler")
-        self.peak_kb, self.done = _status_kb("VmRSS") or 0, threading.Event()
+        self.peak_kb, self.anon_kb, self.done = 0, 0, threading.Event()
+        self.sample()
+
+    def sample(self):
+        status = _status()
+        self.peak_kb = max(self.peak_kb, status.get("VmRSS", 0))
+        self.anon_kb = max(self.anon_kb, status.get("RssAnon", 0))
 
     def run(self):
         while not self.done.wait(0.02):
-            self.peak_kb = max(self.peak_kb, _status_kb("VmRSS") or 0)
+            self.sample()
 
 
 @contextlib.contextmanager
 def peak_rss():
-    """Yields a dict that holds, once the block ends, `bytes`: the peak resident memory during the block."""
+    """Yields a dict that holds, once the block ends, `bytes`: the peak resident memory during the block, and
+    `anon` (Linux): the sampled peak of its anonymous part."""
     result, children = {"bytes": 0}, _maxrss_bytes(resource.RUSAGE_CHILDREN)
     exact = _status_kb("VmHWM") is not None and _reset_high_water_mark()
     sampler = _Sampler() if _status_kb("VmRSS") is not None else None
@@ -73,7 +93,8 @@ def peak_rss():
         if sampler:
             sampler.done.set()
             sampler.join()
-            result["sampled"] = max(sampler.peak_kb, _status_kb("VmRSS") or 0) * 1024
+            sampler.sample()
+            result["sampled"], result["anon"] = sampler.peak_kb * 1024, sampler.anon_kb * 1024
         if exact:
             result["hwm"] = (_status_kb("VmHWM") or 0) * 1024
         own = max(result.get("sampled", 0), result.get("hwm", 0)) or _maxrss_bytes(resource.RUSAGE_SELF)
@@ -94,15 +115,23 @@ class PhaseLog:
         with peak_rss() as peak:
             yield
         seconds = time.perf_counter() - started
-        self.phases.append({"phase": name, "seconds": round(seconds, 2), "peak_rss_mb": round(peak["bytes"] / MB, 1)})
-        log.info("  %s %s: %.1f s, peak RSS %s", step, name, seconds, human_bytes(peak["bytes"]))
+        entry = {"phase": name, "seconds": round(seconds, 2), "peak_rss_mb": round(peak["bytes"] / MB, 1)}
+        if "anon" in peak:
+            entry["peak_anon_mb"] = round(peak["anon"] / MB, 1)
+        self.phases.append(entry)
+        anon = f" ({human_bytes(peak['anon'])} anonymous)" if "anon" in peak else ""
+        log.info("  %s %s: %.1f s, peak RSS %s%s", step, name, seconds, human_bytes(peak["bytes"]), anon)
         log.debug("  %s peak RSS: high-water mark %s, sampled %s", name, peak.get("hwm"), peak.get("sampled"))
 
     def as_dict(self) -> dict:
         """The manifest's `export.phases` entry plus the whole export's peak and time."""
-        return {"phases": list(self.phases),
-                "peak_rss_mb": max((p["peak_rss_mb"] for p in self.phases), default=0.0),
-                "seconds": round(sum(p["seconds"] for p in self.phases), 2)}
+        out = {"phases": list(self.phases),
+               "peak_rss_mb": max((p["peak_rss_mb"] for p in self.phases), default=0.0),
+               "seconds": round(sum(p["seconds"] for p in self.phases), 2)}
+        anon = [p["peak_anon_mb"] for p in self.phases if "peak_anon_mb" in p]
+        if anon:
+            out["peak_anon_mb"] = max(anon)
+        return out
 
 
 def human_bytes(n: float) -> str:

@@ -75,6 +75,16 @@ ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F1
                  "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
+# Anonymous memory (RssAnon: what the kernel cannot drop and re-read, so what gets a process OOM-killed) per ONNX
+# phase: fixed MiB + growth x W (session phases: W less the mapped PLE table), beyond a held copy converted from the
+# stored dtype (held as stored, the target stays in the checkpoint's memory map) and, while quantizing, the
+# quantized weights. Fitted through e2b-wide (W = 580 MiB) and the full-size E2B (W = 17954 MiB), both int4 and held
+# as stored, plus 20% (docs/export-memory.md, "Resident and anonymous"). LiteRT phases, the recipes that load a
+# whole graph (fp16, int8-dynamic) and an fp32 export's acceptance (prepacked sessions) get no credit for mapped
+# pages: anonymous = resident there.
+ANON = {"load": (330, 0.021), "onnx graphs": (600, 0.028), "reference": (420, 0.173), "check": (235, 0.52),
+        "quantize": (450, 0.28), "acceptance": (410, 0.51)}
+
 HELD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 STORED = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
 
@@ -154,6 +164,25 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     return out
 
 
+def anonymous(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
+    """Estimated peak anonymous bytes of each phase (see ANON): the part of phases() that cannot be paged out."""
+    rss = phases(cfg, w, dtype)
+    if cfg.backend != ("onnx",) or not {cfg.quant, cfg.drafter_quant} <= {"fp32", *STREAMED}:
+        return rss
+    held = w.held(dtype) if dtype != w.stored else 0  # a converted copy; held as stored it stays mapped
+    out = {}
+    for name in rss:
+        fixed, growth = ANON[name]
+        grows = w.fp32 - (4 * w.ple if name in ("check", "quantize", "acceptance") else 0)
+        out[name] = int(fixed * MB + held + growth * grows)
+    out["load"] += w.load_extra(dtype)
+    if "quantize" in out:
+        out["quantize"] += quantized_bytes(cfg, w)
+    else:  # fp32 graphs: the runtime's sessions prepack their weights
+        out["acceptance"] = rss["acceptance"]
+    return {name: min(rss[name], anon) for name, anon in out.items()}
+
+
 def held_dtype(cfg, w: Weights, budget: int | None) -> str:
     """--dtype, resolved: auto holds the target in fp32 when that export fits the budget (PyTorch runs fastest
     on fp32: e2b-wide's reference took 48 s against 139 s held bf16), else in its stored dtype."""
@@ -185,10 +214,11 @@ def final_bytes(cfg, w: Weights) -> int:
 class Estimate:
     """The preflight's verdict, recorded in manifest.json's export.preflight."""
 
-    phases: dict[str, int]  # phase -> estimated peak bytes
+    phases: dict[str, int]  # phase -> estimated peak resident bytes
     budget: int | None  # bytes, None when unknown (no /proc/meminfo and no --memory-budget)
     budget_source: str  # --memory-budget | MemAvailable | unknown
     dtype: str = "fp32"  # what the target's weights are held in (--dtype, auto resolved)
+    anonymous: dict[str, int] | None = None  # phase -> estimated peak anonymous bytes; None: all of phases
 
     @property
     def peak_bytes(self) -> int:
@@ -198,11 +228,23 @@ class Estimate:
     def peak_phase(self) -> str:
         return max(self.phases, key=self.phases.get)
 
+    @property
+    def anon_bytes(self) -> int:
+        """What the budget is held against: the peak that cannot be paged out."""
+        return max((self.anonymous or self.phases).values())
+
+    @property
+    def anon_phase(self) -> str:
+        anon = self.anonymous or self.phases
+        return max(anon, key=anon.get)
+
     def as_dict(self) -> dict:
         return {"estimated_peak_mb": round(self.peak_bytes / MB, 1), "estimated_peak_phase": self.peak_phase,
                 "estimated_phases_mb": {k: round(v / MB, 1) for k, v in self.phases.items()},
                 "budget_mb": None if self.budget is None else round(self.budget / MB, 1),
-                "budget_source": self.budget_source, "dtype": self.dtype}
+                "budget_source": self.budget_source, "dtype": self.dtype,
+                "estimated_anon_peak_mb": round(self.anon_bytes / MB, 1),
+                "estimated_anon_phases_mb": {k: round(v / MB, 1) for k, v in (self.anonymous or self.phases).items()}}
 
 
 def available_bytes() -> int | None:
@@ -223,12 +265,16 @@ def check(cfg, target: Source, drafter: Source) -> Estimate:
     source = "--memory-budget" if budget is not None else "MemAvailable"
     budget = budget if budget is not None else available_bytes()
     dtype = held_dtype(cfg, w, budget)
-    estimate = Estimate(phases(cfg, w, dtype), budget, source if budget is not None else "unknown", dtype)
+    estimate = Estimate(phases(cfg, w, dtype), budget, source if budget is not None else "unknown", dtype,
+                        anonymous(cfg, w, dtype))
     where = f"{human_bytes(budget)} available ({estimate.budget_source})" if budget is not None else "budget unknown"
-    log.info("memory preflight: estimated peak %s (%s, target held in %s), %s", human_bytes(estimate.peak_bytes),
-             estimate.peak_phase, dtype, where)
-    if budget is not None and estimate.peak_bytes > budget:
+    log.info("memory preflight: estimated peak %s resident, %s of it anonymous (%s, target held in %s), %s",
+             human_bytes(estimate.peak_bytes), human_bytes(estimate.anon_bytes), estimate.anon_phase, dtype, where)
+    if budget is not None and estimate.anon_bytes > budget:
         raise MemoryBudgetError(_refusal(cfg, w, estimate))
+    if budget is not None and estimate.peak_bytes > budget:
+        log.info("memory preflight: the resident peak exceeds the budget by memory-mapped file pages (checkpoint, "
+                 "graph data), which the kernel drops and re-reads: slower, not killed")
     return estimate
 
 
@@ -240,13 +286,15 @@ def _refusal(cfg, w: Weights, estimate: Estimate) -> str:
     listed = ", ".join(f"{' '.join(flags)} ({human_bytes(peak)})" for flags, peak in fits[:3])
     hint = (f"options that fit: {listed}" if fits else
             "no --backend / --quant / --dtype choice fits; free memory or use a larger machine")
-    return (f"this export needs an estimated {human_bytes(estimate.peak_bytes)} at its peak ({estimate.peak_phase}), "
-            f"more than the {human_bytes(estimate.budget)} available ({estimate.budget_source}); {hint} (the estimate "
-            "is extrapolated from small models; --memory-budget GB overrides the budget)")
+    resident = (f", {human_bytes(estimate.peak_bytes)} resident with mapped files"
+                if estimate.peak_bytes > estimate.anon_bytes else "")
+    return (f"this export needs an estimated {human_bytes(estimate.anon_bytes)} at its peak ({estimate.anon_phase}"
+            f"{resident}), more than the {human_bytes(estimate.budget)} available ({estimate.budget_source}); {hint} "
+            "(the estimate is extrapolated from measured exports; --memory-budget GB overrides the budget)")
 
 
 def alternatives(cfg, w: Weights, dtype: str = "fp32") -> list[tuple[tuple[str, ...], int]]:
-    """(flags, estimated peak) of the exports one or two flags away from cfg (--backend onnx, another --quant,
+    """(flags, estimated anonymous peak) of the exports one or two flags away from cfg (--backend onnx, another --quant,
     the target held in its stored bf16/fp16 instead of fp32), fewest changes first, then smallest. --no-check is
     no option: the acceptance phase loads the graphs anyway."""
     options = []
@@ -257,7 +305,7 @@ def alternatives(cfg, w: Weights, dtype: str = "fp32") -> list[tuple[tuple[str, 
                 changes = {k: v for k, v in (("backend", backend), ("quant", recipe), ("dtype", stored)) if v}
                 if changes:
                     flags = tuple(_flag(k, v) for k, v in changes.items())
-                    peak = max(phases(replace(cfg, **changes), w, stored or dtype).values())
+                    peak = max(anonymous(replace(cfg, **changes), w, stored or dtype).values())
                     options.append((flags, peak))
     return sorted(options, key=lambda o: (len(o[0]), o[1]))
 
