@@ -6,7 +6,6 @@ nothing is inferred from file names or tensor shapes. Bump SCHEMA_VERSION when a
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from mtpkit.errors import ManifestError
 
 from .roles import ROLES
 from .schema import check_manifest
+from .verified import VerifiedFiles, sha256_file  # noqa: F401  (sha256_file: the exporters' import)
 
 # 2: ONNX KV outputs renamed new.{i}.key/value (role new_key/new_value; they hold only the T new entries, unlike
 #    optimum's present.*), drafter store inputs tagged store_key/store_value with layer_type, target hidden
@@ -183,14 +183,6 @@ def _find(specs: list[TensorSpec], role: str, layer: int | None) -> TensorSpec:
     raise ManifestError(f"manifest has no tensor with role {role!r}" + (f" for layer {layer}" if layer is not None else ""))
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
     """Read DIR/manifest.json; with verify, check every graph and data file against its sha256.
 
@@ -219,17 +211,27 @@ def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
 
 
 def verify_files(manifest: Manifest) -> None:
+    """Every graph and data file against its sha256 (files unchanged since an earlier check are not re-hashed:
+    runtime/verified.py)."""
     graphs = [(f"{kind} {name}", g) for kind, b in manifest.backends.items() for name, g in b.graphs.items()]
-    for name, g in graphs:
-        for fname, digest in [(g.file, g.sha256), *g.data_files.items()]:
-            p = manifest.path(fname)
-            try:
-                found = p.is_file() and sha256_file(p)
-            except OSError as e:
-                raise ManifestError(f"{name} graph file {p} cannot be read ({e.strerror}); re-export the model") from e
-            if not found:
-                raise ManifestError(f"{name} graph file {p} is missing; re-export the model")
-            if found != digest:
-                raise ManifestError(
-                    f"{p} does not match the sha256 in manifest.json (modified or corrupt); re-export the model"
-                )
+    verified = VerifiedFiles()
+    try:
+        for name, g in graphs:
+            _verify_graph(manifest, verified, name, g)
+    finally:
+        verified.save()
+
+
+def _verify_graph(manifest: Manifest, verified: VerifiedFiles, name: str, g: GraphFile) -> None:
+    for fname, digest in [(g.file, g.sha256), *g.data_files.items()]:
+        p = manifest.path(fname)
+        try:
+            found = p.is_file() and verified.digest(p)
+        except OSError as e:
+            raise ManifestError(f"{name} graph file {p} cannot be read ({e.strerror}); re-export the model") from e
+        if not found:
+            raise ManifestError(f"{name} graph file {p} is missing; re-export the model")
+        if found != digest:
+            raise ManifestError(
+                f"{p} does not match the sha256 in manifest.json (modified or corrupt); re-export the model"
+            )

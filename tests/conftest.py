@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+# the runtime's record of verified files (runtime/verified.py) lives in the test session, not in ~/.cache
+os.environ["MTPKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="mtpkit-test-cache-")
 
 VARIANTS = {
     # name: make-tiny spec; together they cover both target layouts, both drafter heads, e2b/e4b, k_eq_v
