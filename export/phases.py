@@ -30,14 +30,6 @@ STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 MB = 1 << 20
 
 
-def _status_kb(key: str) -> int | None:
-    try:
-        found = re.search(rf"^{key}:\s+(\d+) kB", STATUS.read_text(), re.MULTILINE)
-    except OSError:
-        return None
-    return int(found.group(1)) if found else None
-
-
 def _status() -> dict[str, int]:
     """/proc/self/status's kB fields read at once (empty without /proc)."""
     try:
@@ -45,6 +37,10 @@ def _status() -> dict[str, int]:
     except OSError:
         return {}
     return {k: int(v) for k, v in re.findall(r"^(\w+):\s+(\d+) kB", text, re.MULTILINE)}
+
+
+def _status_kb(key: str) -> int | None:
+    return _status().get(key)
 
 
 def _reset_high_water_mark() -> bool:

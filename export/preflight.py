@@ -85,6 +85,9 @@ ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F1
 ANON = {"load": (330, 0.021), "onnx graphs": (600, 0.028), "reference": (420, 0.173), "check": (235, 0.52),
         "quantize": (450, 0.28), "acceptance": (410, 0.51)}
 
+# Phases that open ONNX Runtime sessions, which map a Gather-only table (the PLE table) instead of copying it
+SESSION_PHASES = ("check", "acceptance", "quantize")
+
 HELD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 STORED = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
 
@@ -155,8 +158,7 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
         growth["quantize"] = max(growth["quantize"], GROWTH["onnx quantize"] + DYNAMIC_QUANTIZE_EXTRA)
     # ONNX Runtime maps a Gather-only table (the PLE table) instead of copying it: only the rest grows these phases
     # (the full-size E2B's acceptance phase peaked at 14.4 GB, where W x (1 + 1.25) would say 40 GiB)
-    sessions = {"check", "acceptance", "quantize"}
-    grows = {name: w.fp32 - (4 * w.ple if name in sessions else 0) for name in growth}
+    grows = {name: w.fp32 - (4 * w.ple if name in SESSION_PHASES else 0) for name in growth}
     out.update({name: int(base + held + grows[name] * growth[name] + extra) for name, extra in filter(None, later)})
     if quantized:  # the acceptance phase runs the quantized graphs: their weights, or what quantizing left, grow it
         kept = max(final_bytes(cfg, w) * GROWTH["acceptance"], QUANTIZED_RESIDUE * grows["acceptance"])
@@ -173,7 +175,7 @@ def anonymous(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     out = {}
     for name in rss:
         fixed, growth = ANON[name]
-        grows = w.fp32 - (4 * w.ple if name in ("check", "quantize", "acceptance") else 0)
+        grows = w.fp32 - (4 * w.ple if name in SESSION_PHASES else 0)
         out[name] = int(fixed * MB + held + growth * grows)
     out["load"] += w.load_extra(dtype)
     if "quantize" in out:
@@ -229,14 +231,17 @@ class Estimate:
         return max(self.phases, key=self.phases.get)
 
     @property
+    def anon_phases(self) -> dict[str, int]:
+        return self.anonymous or self.phases
+
+    @property
     def anon_bytes(self) -> int:
         """What the budget is held against: the peak that cannot be paged out."""
-        return max((self.anonymous or self.phases).values())
+        return max(self.anon_phases.values())
 
     @property
     def anon_phase(self) -> str:
-        anon = self.anonymous or self.phases
-        return max(anon, key=anon.get)
+        return max(self.anon_phases, key=self.anon_phases.get)
 
     def as_dict(self) -> dict:
         return {"estimated_peak_mb": round(self.peak_bytes / MB, 1), "estimated_peak_phase": self.peak_phase,
@@ -244,7 +249,7 @@ class Estimate:
                 "budget_mb": None if self.budget is None else round(self.budget / MB, 1),
                 "budget_source": self.budget_source, "dtype": self.dtype,
                 "estimated_anon_peak_mb": round(self.anon_bytes / MB, 1),
-                "estimated_anon_phases_mb": {k: round(v / MB, 1) for k, v in (self.anonymous or self.phases).items()}}
+                "estimated_anon_phases_mb": {k: round(v / MB, 1) for k, v in self.anon_phases.items()}}
 
 
 def available_bytes() -> int | None:

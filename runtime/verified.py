@@ -74,6 +74,7 @@ class VerifiedFiles:
             return
         used = lambda item: item[1].get("used", 0) if isinstance(item[1], dict) else 0  # noqa: E731
         kept = dict(sorted(self.records.items(), key=used, reverse=True)[:MAX_RECORDS])
+        tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".verified-", suffix=".json")
@@ -81,8 +82,6 @@ class VerifiedFiles:
                 json.dump(kept, f)
             os.replace(tmp, self.path)
         except OSError:
-            try:
-                os.unlink(tmp)
-            except (OSError, UnboundLocalError):
-                pass
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
         self.dirty = False

@@ -21,6 +21,21 @@ LITERT_VARIANTS = ("e2b_gemma4_centroid", "e4b_text_dense_kv_eq")
 
 
 @pytest.fixture(scope="session")
+def tool():
+    """name -> the module tools/<name>.py (scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """name -> (target_dir, drafter_dir)"""
     from mtpkit.tiny.make import TinySpec, make_tiny

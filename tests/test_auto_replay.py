@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from mtpkit.runtime.cost_model import Costs, round_cost
 
-ROOT = Path(__file__).resolve().parents[1]
 NAME = "e2b_gemma4_centroid"
 
 
 @pytest.fixture(scope="module")
-def replay_tool():
-    spec = importlib.util.spec_from_file_location("auto_replay", ROOT / "tools" / "auto_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def replay_tool(tool):
+    return tool("auto_replay")
 
 
 def test_replayed_rounds_equal_a_real_greedy_run_at_every_constant_k(replay_tool, tiny_exports):

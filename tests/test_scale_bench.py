@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,16 +12,12 @@ import pytest
 from mtpkit.runtime import bandwidth
 from mtpkit.runtime.manifest import load_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
 NAME = "e2b_gemma4_centroid"
 
 
 @pytest.fixture(scope="module")
-def scale_bench():
-    spec = importlib.util.spec_from_file_location("scale_bench", ROOT / "tools" / "scale_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def scale_bench(tool):
+    return tool("scale_bench")
 
 
 def test_bandwidth_is_positive_with_a_small_buffer():
