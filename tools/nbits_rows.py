@@ -5,7 +5,7 @@
 
 A verify of k+1 tokens runs every weight MatMul of the target with M = k+1 activation rows; a decode with M = 1.
 At E2B shape those MatMuls are most of a call (docs/scale-bench.md), so the verify/decode ratio of the whole graph
-follows this one. Each weight is quantized as mtpkit's exporter does (ORT's MatMulNBits algorithm, symmetric,
+follows this one. Each weight is quantized by the exporter's own code (MatMulNBits, symmetric,
 accuracy level 4) into a one-node graph; all settings are timed interleaved, round by round, in one process (the
 median of the rounds' medians). Prints one Markdown table: per setting, the M = 1 time and the ratio for each M.
 """
@@ -13,62 +13,52 @@ median of the rounds' medians). Prints one Markdown table: per setting, the M = 
 from __future__ import annotations
 
 import argparse
-import logging
-import statistics
-import time
 
 
 def session(k: int, n: int, bits: int, block_size: int, threads: int, seed: int = 0):
-    """An ORT session of y = x @ W, W [k, n] random, as MatMulNBits(bits, block_size, accuracy level 4)."""
+    """An ORT session of y = x @ W, W [k, n] random, quantized by the exporter's whole-graph path (MatMulNBits at
+    `bits`, `block_size`, accuracy level 4: the bytes its streamed path writes too)."""
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from mtpkit.export.backends.onnx import _quantized
 
     weight = (np.random.default_rng(seed).standard_normal((k, n)) * 0.02).astype(np.float32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "one_matmul",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(weight, "W")])
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)  # its per-weight INFO lines
-    quantizer = MatMulNBitsQuantizer(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
-                                     bits=bits, block_size=block_size, is_symmetric=True, accuracy_level=4)
-    quantizer.process()
+    model = _quantized(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), f"int{bits}",
+                       block_size, accuracy_level=4)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
-    return ort.InferenceSession(quantizer.model.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 def measure(shapes, block_sizes, bits, threads, rows, rounds: int = 7, calls: int = 30) -> list[dict]:
-    """One dict per (shape, bits, block size, threads): ms at M = 1 and {M: time(M) / time(1)}."""
+    """One dict per (shape, bits, block size, threads): ms at the fewest rows M0 and {M: time(M) / time(M0)}, all
+    settings interleaved round by round (graph_bench.time_interleaved)."""
     import numpy as np
+
+    from mtpkit.export.graph_bench import time_interleaved
 
     rng = np.random.default_rng(1)
     settings = [(k, n, b, bs, th) for k, n in shapes for b in bits for bs in block_sizes for th in threads]
-    sessions = {s: session(*s) for s in settings}
-    feeds = {(k, m): rng.standard_normal((1, m, k)).astype(np.float32) for k, _ in shapes for m in rows}
-    samples: dict = {}
-    for _ in range(rounds):
-        for s, sess in sessions.items():
-            for m in rows:
-                feed = {"x": feeds[(s[0], m)]}
-                for _ in range(3):
-                    sess.run(None, feed)
-                times = []
-                for _ in range(calls):
-                    start = time.perf_counter()
-                    sess.run(None, feed)
-                    times.append(time.perf_counter() - start)
-                samples.setdefault((s, m), []).append(statistics.median(times))
+    runs = {}
+    for s in settings:
+        sess = session(*s)
+        for m in rows:
+            feed = {"x": rng.standard_normal((1, m, s[0])).astype(np.float32)}
+            runs[(s, m)] = lambda sess=sess, feed=feed: sess.run(None, feed)
+    seconds = time_interleaved(runs, rounds, calls)
     result = []
     for s in settings:
-        one = statistics.median(samples[(s, 1)]) if 1 in rows else None
-        per_m = {m: statistics.median(samples[(s, m)]) for m in rows}
-        base = one if one is not None else per_m[min(rows)]
+        base = seconds[(s, min(rows))]
         result.append({"k": s[0], "n": s[1], "bits": s[2], "block_size": s[3], "threads": s[4],
-                       "ms": base * 1e3, "ratio": {m: t / base for m, t in per_m.items()}})
+                       "ms": base * 1e3, "ratio": {m: seconds[(s, m)] / base for m in rows}})
     return result
 
 
