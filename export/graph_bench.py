@@ -12,7 +12,9 @@ e.g. what fusion and int8 weights buy on the trained tiny pair (docs/performance
 
 Sessions are the runtime's own (runtime/backends/onnx.py OrtSession.open) with 1 intra-op thread. `floor` is
 the time of the target's weight MatMuls alone (same weights, run back to back): on CPU a decode call cannot get
-below it by fusing the other ops, because streaming fp32 weights from memory is what it measures.
+below it by fusing the other ops, because streaming fp32 weights from memory is what it measures. `fixed` is a
+session run with the decode call's feeds and as many outputs that computes nothing (Identity nodes): the cost
+of a run call itself. What fusion can still shrink is decode - floor - fixed (`rest`, printed per export).
 """
 
 from __future__ import annotations
@@ -100,8 +102,32 @@ def _weights_floor(manifest: Manifest):
     return lambda: session.run(None, feeds)
 
 
+def _fixed_cost(manifest: Manifest, feeds: dict):
+    """A run with the target decode's inputs (same names, dtypes, values) and as many outputs, each an Identity of
+    an input: the session run's own cost (feeds in, outputs out, executor), with no kernel work to speak of."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    model = onnx.load(str(manifest.path(manifest.backend("onnx").graphs["target"].file)), load_external_data=False)
+    inputs = [i for i in model.graph.input if i.name in feeds]
+    count = len(model.graph.output)
+    nodes = [helper.make_node("Identity", [inputs[i % len(inputs)].name], [f"out{i}"]) for i in range(count)]
+    outputs = [helper.make_tensor_value_info(f"out{i}", inputs[i % len(inputs)].type.tensor_type.elem_type, None)
+               for i in range(count)]
+    graph = helper.make_graph(nodes, "fixed", inputs, outputs)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=model.opset_import).SerializeToString(),
+                                   opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in outputs]
+    run = getattr(session, "_sess", session).run  # as OrtSession.run calls it
+    return lambda: run(names, feeds, None)
+
+
 def time_calls(folders: list[Path], past: int = 100, rounds: int = 15, calls: int = 100) -> dict[str, dict]:
-    """Median seconds per call, folder -> {"decode", "draft", "floor"}: every round times `calls` calls of each
+    """Median seconds per call, folder -> {"decode", "draft", "floor", "fixed"}: every round times `calls` calls of each
     kind for every folder in turn; the result is the median over rounds of each round's median."""
     from mtpkit.runtime.backends.onnx import OrtSession
 
@@ -115,6 +141,9 @@ def time_calls(folders: list[Path], past: int = 100, rounds: int = 15, calls: in
         floor = _weights_floor(manifest)
         if floor is not None:
             runs[(str(folder), "floor")] = floor
+        decode = manifest.backend("onnx").signatures["decode"]
+        feeds = _feeds(manifest, "decode", past)
+        runs[(str(folder), "fixed")] = _fixed_cost(manifest, {t.name: feeds[t.key] for t in decode.inputs})
     result: dict[str, dict] = collections.defaultdict(dict)
     for (folder, kind), seconds in time_interleaved(runs, rounds, calls).items():
         result[folder][kind] = seconds
@@ -160,9 +189,13 @@ def _print_comparison(old_counts: dict, new_counts: dict, old: dict, new: dict) 
         print(f"  {graph:8s} nodes {before['nodes']:5d} -> {after['nodes']:5d}   per layer {before['per_layer']:6.1f} "
               f"-> {after['per_layer']:6.1f} ({after['per_layer'] / before['per_layer']:.1%}, {after['layers']} layers)")
         print(f"           most frequent ops now: {dict(list(after['ops'].items())[:8])}")
-    for kind in ("decode", "draft", "floor"):
+    for kind in ("decode", "draft", "floor", "fixed"):
         if kind in old and kind in new:
             print(f"  {kind:8s} {old[kind] * 1e3:.3f} ms -> {new[kind] * 1e3:.3f} ms   x{old[kind] / new[kind]:.2f}")
+    if all(kind in times for times in (old, new) for kind in ("decode", "floor", "fixed")):
+        rest = [t["decode"] - t["floor"] - t["fixed"] for t in (old, new)]
+        print(f"  rest     {rest[0] * 1e3:.3f} ms -> {rest[1] * 1e3:.3f} ms   (decode - floor - fixed: what fusion can "
+              f"still shrink)")
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ def test_graph_bench_reports_nodes_and_call_times(tiny_exports, unfused_export, 
     assert graph_bench.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == [str(unfused_export), "target", "most", "drafter", "most", "decode",
-                                                   "draft", "floor"] * 2
+                                                   "draft", "floor", "fixed", "rest"] * 2
     per_layer = [line.split()[7:10:2] for line in lines if line.split()[0] in ("target", "drafter")]
     assert all(float(after) <= 0.5 * float(before) for before, after in per_layer)  # what fusion removes
 
