@@ -126,15 +126,17 @@ def _fixed_cost(manifest: Manifest, feeds: dict):
     return lambda: run(names, feeds, None)
 
 
-def time_calls(folders: list[Path], past: int = 100, rounds: int = 15, calls: int = 100) -> dict[str, dict]:
+def time_calls(folders: list[Path], past: int = 100, rounds: int = 15, calls: int = 100,
+               threads: list[int] | None = None) -> dict[str, dict]:
     """Median seconds per call, folder -> {"decode", "draft", "floor", "fixed"}: every round times `calls` calls of each
-    kind for every folder in turn; the result is the median over rounds of each round's median."""
+    kind for every folder in turn; the result is the median over rounds of each round's median. `threads`: the
+    intra-op threads of each folder's sessions (default 1 each; floor and fixed always run on 1)."""
     from mtpkit.runtime.backends.onnx import OrtSession
 
     runs = {}
-    for folder in folders:
+    for i, folder in enumerate(folders):
         manifest = load_manifest(folder)
-        session = OrtSession.open(manifest, manifest.backend("onnx"), 1)
+        session = OrtSession.open(manifest, manifest.backend("onnx"), threads[i] if threads else 1)
         for signature in ("decode", "draft"):
             feeds = _feeds(manifest, signature, past)
             runs[(str(folder), signature)] = lambda s=session, sig=signature, f=feeds: s.run(sig, f)
@@ -174,11 +176,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--past", type=int, default=100, help="context length before the call (default 100)")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     p.add_argument("--calls", type=int, default=100, help="calls per kind and round (default 100)")
+    p.add_argument("--baseline-threads", type=int, default=1, metavar="N",
+                   help="intra-op threads of the baseline's decode and draft sessions (default 1, as every other "
+                        "session here); e.g. all cores, the thread default before issue 11, to compare default "
+                        "against default")
     args = p.parse_args(argv)
     counts = {f: node_counts(f) for f in (args.baseline, *args.new)}
-    times = time_calls([args.baseline, *args.new], args.past, args.rounds, args.calls)
+    if args.baseline_threads < 1:
+        p.error(f"--baseline-threads must be >= 1 (got {args.baseline_threads})")
+    threads = [args.baseline_threads] + [1] * len(args.new)
+    times = time_calls([args.baseline, *args.new], args.past, args.rounds, args.calls, threads)
     for folder in args.new:
-        print(f"{args.baseline} -> {folder}")
+        at = f" (baseline sessions at {args.baseline_threads} threads)" if args.baseline_threads != 1 else ""
+        print(f"{args.baseline} -> {folder}{at}")
         _print_comparison(counts[args.baseline], counts[folder], times[str(args.baseline)], times[str(folder)])
     return 0
 

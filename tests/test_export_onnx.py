@@ -158,9 +158,11 @@ def test_graph_bench_reports_nodes_and_call_times(tiny_exports, unfused_export, 
     from mtpkit.export import graph_bench
 
     out = tiny_exports("e2b_gemma4_centroid")
-    args = [str(unfused_export), str(out), str(out), "--past", "20", "--rounds", "1", "--calls", "3"]
+    args = [str(unfused_export), str(out), str(out), "--past", "20", "--rounds", "1", "--calls", "3",
+            "--baseline-threads", "2"]
     assert graph_bench.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("(baseline sessions at 2 threads)")
     assert [line.split()[0] for line in lines] == [str(unfused_export), "target", "most", "drafter", "most", "decode",
                                                    "draft", "floor", "fixed", "rest"] * 2
     per_layer = [line.split()[7:10:2] for line in lines if line.split()[0] in ("target", "drafter")]
