@@ -64,3 +64,4 @@ def test_run_cli_on_litert(both):
                              "def f(x):", "--max-new-tokens", "10", "--json"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["output_ids"]) == 10
+    assert "XNNPACK" not in result.stderr  # LiteRT's own INFO line at the first invoke (runtime/quiet.py)
