@@ -119,6 +119,7 @@ def _fixed_cost(manifest: Manifest, feeds: dict):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
     session = ort.InferenceSession(helper.make_model(graph, opset_imports=model.opset_import).SerializeToString(),
                                    opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in outputs]
@@ -128,9 +129,9 @@ def _fixed_cost(manifest: Manifest, feeds: dict):
 
 def time_calls(folders: list[Path], past: int = 100, rounds: int = 15, calls: int = 100,
                threads: list[int] | None = None) -> dict[str, dict]:
-    """Median seconds per call, folder -> {"decode", "draft", "floor", "fixed"}: every round times `calls` calls of each
-    kind for every folder in turn; the result is the median over rounds of each round's median. `threads`: the
-    intra-op threads of each folder's sessions (default 1 each; floor and fixed always run on 1)."""
+    """Median seconds per call, folder -> {"decode", "draft", "floor", "fixed"}: every round times `calls` calls of
+    each kind for every folder in turn; the result is the median over rounds of each round's median. `threads`:
+    the intra-op threads of each folder's sessions (default 1 each; floor and fixed always run on 1)."""
     from mtpkit.runtime.backends.onnx import OrtSession
 
     runs = {}
@@ -181,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                         "session here); e.g. all cores, the thread default before issue 11, to compare default "
                         "against default")
     args = p.parse_args(argv)
-    counts = {f: node_counts(f) for f in (args.baseline, *args.new)}
     if args.baseline_threads < 1:
         p.error(f"--baseline-threads must be >= 1 (got {args.baseline_threads})")
+    counts = {f: node_counts(f) for f in (args.baseline, *args.new)}
     threads = [args.baseline_threads] + [1] * len(args.new)
     times = time_calls([args.baseline, *args.new], args.past, args.rounds, args.calls, threads)
     for folder in args.new:
