@@ -73,7 +73,6 @@ def _weights_floor(manifest: Manifest):
     """A graph of the target's MatMuls whose B is a weight (an initializer, or the Transpose of one: the tied
     lm_head), each fed one activation row; None when it has none (quantized graphs use MatMulNBits)."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(manifest.path(manifest.backend("onnx").graphs["target"].file)))
@@ -93,20 +92,28 @@ def _weights_floor(manifest: Manifest):
                                                for k in rows],
                               [helper.make_tensor_value_info("all", TensorProto.FLOAT, None)],
                               [weights[name] for name in {n.input[1] for n in matmuls}])
+    session = _scratch_session(graph, model.opset_import)
+    feeds = {f"x{k}": np.ones((1, 1, k), np.float32) for k in rows}
+    return lambda: session.run(None, feeds)
+
+
+def _scratch_session(graph, opset_import):
+    """A one-thread CPU session (no spinning, errors only in the log) of a graph built here."""
+    import onnxruntime as ort
+    from onnx import helper
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(helper.make_model(graph, opset_imports=model.opset_import).SerializeToString(),
-                                   opts, providers=["CPUExecutionProvider"])
-    feeds = {f"x{k}": np.ones((1, 1, k), np.float32) for k in rows}
-    return lambda: session.run(None, feeds)
+    opts.log_severity_level = 3
+    return ort.InferenceSession(helper.make_model(graph, opset_imports=opset_import).SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
 
 
 def _fixed_cost(manifest: Manifest, feeds: dict):
     """A run with the target decode's inputs (same names, dtypes, values) and as many outputs, each an Identity of
     an input: the session run's own cost (feeds in, outputs out, executor), with no kernel work to speak of."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper
 
     model = onnx.load(str(manifest.path(manifest.backend("onnx").graphs["target"].file)), load_external_data=False)
@@ -116,12 +123,7 @@ def _fixed_cost(manifest: Manifest, feeds: dict):
     outputs = [helper.make_tensor_value_info(f"out{i}", inputs[i % len(inputs)].type.tensor_type.elem_type, None)
                for i in range(count)]
     graph = helper.make_graph(nodes, "fixed", inputs, outputs)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(helper.make_model(graph, opset_imports=model.opset_import).SerializeToString(),
-                                   opts, providers=["CPUExecutionProvider"])
+    session = _scratch_session(graph, model.opset_import)
     names = [o.name for o in outputs]
     run = getattr(session, "_sess", session).run  # as OrtSession.run calls it
     return lambda: run(names, feeds, None)
@@ -138,15 +140,14 @@ def time_calls(folders: list[Path], past: int = 100, rounds: int = 15, calls: in
     for i, folder in enumerate(folders):
         manifest = load_manifest(folder)
         session = OrtSession.open(manifest, manifest.backend("onnx"), threads[i] if threads else 1)
-        for signature in ("decode", "draft"):
-            feeds = _feeds(manifest, signature, past)
-            runs[(str(folder), signature)] = lambda s=session, sig=signature, f=feeds: s.run(sig, f)
+        feeds = {signature: _feeds(manifest, signature, past) for signature in ("decode", "draft")}
+        for signature, f in feeds.items():
+            runs[(str(folder), signature)] = lambda s=session, sig=signature, f=f: s.run(sig, f)
         floor = _weights_floor(manifest)
         if floor is not None:
             runs[(str(folder), "floor")] = floor
         decode = manifest.backend("onnx").signatures["decode"]
-        feeds = _feeds(manifest, "decode", past)
-        runs[(str(folder), "fixed")] = _fixed_cost(manifest, {t.name: feeds[t.key] for t in decode.inputs})
+        runs[(str(folder), "fixed")] = _fixed_cost(manifest, {t.name: feeds["decode"][t.key] for t in decode.inputs})
     result: dict[str, dict] = collections.defaultdict(dict)
     for (folder, kind), seconds in time_interleaved(runs, rounds, calls).items():
         result[folder][kind] = seconds

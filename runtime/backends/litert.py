@@ -35,12 +35,13 @@ class LiteRtSession:
     def run(self, signature: str, feeds: dict) -> dict:
         sig = self.backend.signatures[signature]
         inputs = {t.name: feeds[t.key] for t in sig.inputs}
-        if signature in self._cache:
-            out = self._cache[signature](**inputs)
+        runner = self._cache.get(signature)
+        if runner is not None:
+            out = runner(**inputs)
         else:  # a runner's first invoke applies XNNPACK, which LiteRT announces on fd 2 (kept out of our output)
             with output_captured(f"LiteRT's first {signature} call"):
-                self._cache[signature] = self._runners[sig.graph].get_signature_runner(sig.backend_name)
-                out = self._cache[signature](**inputs)
+                runner = self._cache[signature] = self._runners[sig.graph].get_signature_runner(sig.backend_name)
+                out = runner(**inputs)
         return {t.key: out[t.name] for t in sig.outputs}
 
 
