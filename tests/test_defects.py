@@ -31,6 +31,28 @@ def test_litert_prefill_records_the_whole_logical_call():
     assert (target.kv.last.start, target.kv.last.end) == (0, 11)
 
 
+def test_litert_prefill_counts_as_one_target_call():
+    """runtime/backends/litert.py counted every graph call of a chunked prefill (chunks + the last token's decode)
+    in `calls`, so tokens per target call on LiteRT read 2.12 where ONNX read 2.62 on the same drafts."""
+    from mtpkit.runtime.backends.litert import StateTarget
+    from mtpkit.runtime.handoff import LastCall
+
+    target = StateTarget.__new__(StateTarget)
+    target.kv = types.SimpleNamespace(last=LastCall(), capacity=256)
+    target.prefill, target.verify_len, target.calls = [{"num_tokens": 4, "signature": "prefill_4"}], 5, 0
+    graph_calls = []
+
+    def fake_call(signature, ids, pos):
+        graph_calls.append(signature)
+        return {("logits", None): np.zeros((1, len(ids), 3)), ("activations", None): np.zeros((1, len(ids), 2))}
+
+    target._call = fake_call
+    target.forward(list(range(11)), 0)  # four graph calls, one logical prefill
+    target.forward([1, 2, 3], 11)  # one verify
+    target.forward([4], 14)  # one decode
+    assert len(graph_calls) == 6 and target.calls == 3
+
+
 def test_reference_restores_num_assistant_tokens_when_generate_fails():
     """export/reference.py restored the drafter's num_assistant_tokens outside a finally."""
     from mtpkit.export import reference

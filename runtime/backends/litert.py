@@ -105,7 +105,6 @@ class StateTarget:
             feeds[("per_layer_embeddings", None)] = ple
         out = self.session.run(signature, feeds)
         self.kv.update(out)
-        self.calls += 1
         return out
 
     def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -124,6 +123,7 @@ class StateTarget:
                 raise ValueError(f"{len(ids) - 1} drafts do not fit the static verify length {self.verify_len}")
             out = self._call("verify", ids + [0] * (self.verify_len - len(ids)), pos)
         self.kv.last.start, self.kv.last.end = start, pos + len(ids)
+        self.calls += 1  # one logical call, as on ONNX: tokens per target call must not depend on prefill chunks
         n = len(ids)
         return out[("logits", None)][0, :n], out[("activations", None)][0, :n]
 
