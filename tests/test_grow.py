@@ -62,3 +62,18 @@ def test_grown_target_keeps_the_trained_greedy_output(grown):
 def test_bad_factor_is_refused():
     with pytest.raises(ValueError, match="factor"):
         GrowSpec(factor=0)
+
+
+def test_cached_pair_is_grown_once_and_kept(tmp_path, monkeypatch):
+    """The demo's export records where its checkpoints are, so the grown pair must outlive the demo: it is grown
+    into the cache once, reused after, and a killed growth's leftover folder is never taken for a pair."""
+    from mtpkit.tiny import grow
+
+    (tmp_path / ".growing-killed").mkdir()  # what a growth killed before its rename leaves
+    target, drafter = grow.cached_pair(ASSETS, tmp_path, GrowSpec(factor=2))
+    assert (target / "model.safetensors").is_file() and (drafter / "model.safetensors").is_file()
+    assert target.parent.parent == tmp_path and not target.parent.name.startswith(".growing-")
+    monkeypatch.setattr(grow, "grow_pair", lambda *a, **k: pytest.fail("grown again"))
+    assert grow.cached_pair(ASSETS, tmp_path, GrowSpec(factor=2)) == (target, drafter)
+    with pytest.raises(pytest.fail.Exception):  # another spec is another pair
+        grow.cached_pair(ASSETS, tmp_path, GrowSpec(factor=3))

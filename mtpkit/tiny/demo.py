@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import tempfile
 from pathlib import Path
 
 log = logging.getLogger("mtpkit")
@@ -13,7 +12,8 @@ log = logging.getLogger("mtpkit")
 EPILOG = """Uses the trained tiny Gemma 4 target + drafter in mtpkit/tiny/assets/tiny_pair (see its pair.json).
 By default (--pair e2b-shaped) the target is first grown wide (mtpkit/tiny/grow.py: MLPs x24, 37 M
 parameters, same drafter) so that a drafter step costs about 1/25 of a target call, as with the real E2B
-pair; --pair small uses the shipped pair as is (fast, but its drafter costs 1/3 of a target call, so
+pair; it is grown once (a few seconds, 141 MB) into ~/.cache/mtpkit/demo-pairs (or $MTPKIT_CACHE_DIR) and kept
+there, since the export's manifest points at it (`mtpkit bench DIR --peers` reloads it); --pair small uses the shipped pair as is (fast, but its drafter costs 1/3 of a target call, so
 speculation barely pays). Writes the export to DIR, replays the transformers reference through the runtime
 (token-for-token parity) and times speculative against plain decoding on the same graphs. Nothing is downloaded.
 """
@@ -37,11 +37,10 @@ def run(args: argparse.Namespace) -> int:
     from mtpkit.export.pipeline import export_model
     from mtpkit.runtime.parity import run_parity
 
-    with tempfile.TemporaryDirectory(prefix="mtpkit-demo-pair-") as tmp:
-        target, drafter, record = demo_pair(args.pair, Path(tmp))
-        cfg = ExportConfig(target=str(target), drafter=str(drafter), out=args.out, backend=args.backend,
-                           force=args.force, max_cache_len=1024, prefill_len=32)
-        out = export_model(cfg)
+    target, drafter, record = demo_pair(args.pair)
+    cfg = ExportConfig(target=str(target), drafter=str(drafter), out=args.out, backend=args.backend,
+                       force=args.force, max_cache_len=1024, prefill_len=32)
+    out = export_model(cfg)
     (out / "demo_pair.json").write_text(json.dumps(record, indent=1) + "\n")
     ok = True
     for backend in cfg.backend:
@@ -57,15 +56,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_pair(name: str, tmp: Path) -> tuple[Path, Path, dict]:
-    """(target, drafter, how they were made) for --pair NAME; the e2b-shaped target is grown into TMP."""
-    from .grow import grow_pair
+def demo_pair(name: str) -> tuple[Path, Path, dict]:
+    """(target, drafter, how they were made) for --pair NAME; the e2b-shaped pair is grown once into mtpkit's
+    cache folder and kept there, where the export's manifest says it is."""
+    from mtpkit.runtime.verified import cache_dir
+
+    from .grow import cached_pair
     from .train import ASSETS
 
     if name == "small":
         return ASSETS / "target", ASSETS / "drafter", {"pair": name, "method": "the shipped trained pair"}
-    target, drafter = grow_pair(ASSETS, tmp)
-    return target, drafter, {"pair": name, **json.loads((tmp / "pair.json").read_text())}
+    target, drafter = cached_pair(ASSETS, cache_dir() / "demo-pairs")
+    return target, drafter, {"pair": name, **json.loads((target.parent / "pair.json").read_text())}
 
 
 def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: int, repeats: int = 3) -> dict:

@@ -61,6 +61,32 @@ def grow_pair(src: Path, out: Path, spec: GrowSpec = GrowSpec()) -> tuple[Path, 
     return out / "target", out / "drafter"
 
 
+def cached_pair(src: Path, cache: Path, spec: GrowSpec = GrowSpec()) -> tuple[Path, Path]:
+    """The pair grown from SRC by `spec`, kept in CACHE/<source sha256 + spec> and grown only when missing.
+
+    An export records where its checkpoints are (manifest.json `source`), and `mtpkit bench --peers` and parity
+    reload them from there, so the demo's grown pair must outlive the demo. Grown into a temporary folder beside
+    it and renamed into place: a run killed mid-growth leaves no half pair to be reused.
+    """
+    import tempfile
+
+    key = hashlib.sha256(json.dumps([_sha256(src / "target" / "model.safetensors"), asdict(spec)]).encode())
+    folder = cache / f"grown-{key.hexdigest()[:16]}"
+    if not (folder / "pair.json").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".growing-", dir=cache))
+        try:
+            grow_pair(src, tmp, spec)
+            try:
+                tmp.rename(folder)
+            except OSError:  # another demo grew the same pair meanwhile: theirs is identical (deterministic)
+                if not (folder / "pair.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder / "target", folder / "drafter"
+
+
 def _widen(weight: np.ndarray, kind: str, spec: GrowSpec, rng: np.random.Generator) -> np.ndarray:
     """gate/up [I, H] gain rows; down [H, I] gains columns (the intermediate axis)."""
     axis = 1 if kind == "down_proj" else 0
