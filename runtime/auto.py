@@ -3,11 +3,12 @@
 CostMeter times every target and drafter call of a run (timing proxies around the backend objects) and fits the
 host work per round outside the calls; Acceptance keeps decayed conditional acceptance by draft position;
 AutoPolicy asks runtime/cost_model.py for the best k each round. k = 0 is a plain decoding round: when no k
-pays the policy turns drafting off and runs occasional one-draft probe rounds, spaced so that their expected
-loss stays within `probe_budget` of plain decoding and twice as far apart after each probe that fails; a probe
-whose draft is accepted is followed by another at once, so drafting comes back quickly when acceptance recovers.
-After a fully accepted round the policy may draft one deeper than the model's best k (if predicted at most
-`explore` slower): positions beyond the k in use are otherwise never tried, and their estimates could not recover.
+pays the policy turns drafting off and runs occasional probe rounds (the k >= 1 the model rates best), spaced so
+that their expected loss stays within `probe_budget` of plain decoding and twice as far apart after each probe
+that fails; a probe whose drafts are all accepted is followed by another at once, so drafting comes back quickly
+when acceptance recovers. After a fully accepted round the policy may draft one deeper than the model's best k
+(if predicted at most `explore` slower): positions beyond the k in use are otherwise never tried, and their
+estimates could not recover.
 """
 
 from __future__ import annotations
@@ -183,7 +184,11 @@ class AutoPolicy:
         """A new run: it always opens with a drafting round, since the last prompt's acceptance may not hold; one
         draft while nothing at all has been observed (a prior alone should not buy a long first draft)."""
         self._costs, self.wait, self.backoff = None, 0, self.first_wait
-        self.k = (self.choose() if self.acceptance.trials else 0) or self._probe()
+        if not self.acceptance.trials:
+            self.probes += 1
+            self.k = 1
+        else:
+            self.k = self.choose() or self._probe()
         return self.k
 
     def update(self, accepted: int, drafted: int) -> int:
@@ -229,17 +234,28 @@ class AutoPolicy:
 
     def _probe(self) -> int:
         self.probes += 1
-        return 1
+        return self.probe_k()
+
+    def probe_k(self) -> int:
+        """A probe's draft length: the k >= 1 the model rates best now (1 while costs are unknown). Where a verify
+        costs the same at every length (LiteRT's static verify graph), a one-draft probe would pay a full verify
+        for one position's evidence and, for a prompt that pays only at longer k, never show it."""
+        costs = self.costs()
+        if costs is None:
+            return 1
+        acc = self.acceptance.rates(self.k_max)
+        return min(range(1, self.k_max + 1), key=lambda k: time_per_token(costs, acc, k))
 
     def probe_interval(self) -> int:
         """Plain rounds between probes so that a probe burst's expected loss is probe_budget of their time."""
         costs = self.costs()
         if costs is None:
             return 1
-        acc = self.acceptance.rates(1)
+        k = self.probe_k()
+        acc = self.acceptance.rates(k)
         plain = time_per_token(costs, acc, 0)
-        loss = round_cost(costs, 1) - expected_tokens(acc, 1) * plain  # seconds one probe costs over plain
-        burst = 1 / max(1e-3, 1 - acc[0])  # a probe whose draft is accepted is followed by another
+        loss = round_cost(costs, k) - expected_tokens(acc, k) * plain  # seconds one probe costs over plain
+        burst = 1 / max(1e-3, 1 - math.prod(acc))  # a probe whose drafts are all accepted is followed by another
         return max(1, min(self.max_wait, math.ceil(loss * burst / (self.probe_budget * plain))))
 
 

@@ -38,3 +38,22 @@ def test_replay_prices_rounds_and_counts_tokens(replay_tool):
     perfect = replay_tool.compare(costs, [([8] * 40, 41)], prior=(0.9,) * 8)
     row = perfect["rows"][0]
     assert row["best"] >= max(row["constant"].values()) and row["best"] > 1 and 0 < row["auto"] <= row["best"] + 1e-9
+
+
+def test_replay_premise_holds_on_a_static_verify_graph(replay_tool, litert_exports):
+    """On LiteRT (verify graph of one static length, prefill returning only its last row) the oracle drafts as
+    deep as the verify takes, and its rounds still equal a real greedy run's."""
+    from mtpkit.runtime.bench import run_once
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+    engine = Engine(litert_exports(NAME), 1, "litert")
+    depth = replay_tool.oracle_depth(engine)
+    assert depth == min(engine.max_draft, replay_tool.K_ORACLE)
+    ids = engine.codec.encode("def add(a, b):\n    return a + b\n")
+    runs = replay_tool.accepted_runs(engine, ids, 16)
+    assert max(runs) <= depth
+    costs = Costs(draft=1e-4, target=(1e-3,) * (depth + 1))
+    for k in (1, depth):
+        real = run_once(engine, ids, GenConfig(max_new_tokens=len(runs) + 1, num_assistant_tokens=k))
+        _, rounds = replay_tool.replay(costs, runs, len(runs) + 1, k, lambda n, d, k=k: k)
+        assert [r for r in rounds if r[0]] == real.per_round, k

@@ -185,6 +185,22 @@ def test_probe_interval_keeps_the_expected_loss_within_budget():
     assert policy.probe_interval() == min(want, policy.max_wait) > 1
 
 
+def test_probes_draft_as_deep_as_the_verify_cost_makes_best():
+    """A one-draft probe pays a whole verify for one position's evidence where the verify graph has one static
+    length (LiteRT), so a probe drafts the k >= 1 the model rates best; where verify grows steeply, that is 1."""
+    prior = (0.4, 0.8, 0.8, 0.8)
+    for target, want in (({1: 1.0, 2: 2.0, 3: 2.0, 5: 2.0}, 4), ({1: 1.0, 2: 1.6, 3: 2.2, 5: 3.4}, 1)):
+        meter = CostMeter()
+        meter.seed(0.05, target)
+        policy = AutoPolicy(4, meter, prior=prior)
+        policy.acceptance.observe(0, 4)  # something seen: a run opens with the model's choice, not one draft
+        assert policy.choose() == 0 and policy.start() == want  # no k pays: the run opens with a probe
+        assert policy.update(0, want) == 0  # the probe failed: plain rounds, then the next probe
+        while policy.wait > 1:
+            assert policy.update(0, 0) == 0
+        assert policy.update(0, 0) == want
+
+
 def test_schedule_validation():
     with pytest.raises(ValueError, match="only it, takes a policy"):
         DraftSchedule("auto", 1, 4)

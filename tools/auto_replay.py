@@ -1,10 +1,11 @@
 """Where `--num-assistant-tokens auto` loses against the best constant k, with timing noise taken out.
 
     .venv/bin/python tools/auto_replay.py EXPORT_DIR [--max-new-tokens 64] [--prompts heldout|bench]
+                                          [--backend onnx|litert]
 
 Greedy decoding with the clean hand-off makes a round's outcome a function of where it starts: drafted from
 committed position p, a round of k drafts accepts min(k, L(p)), where L(p) is how many of 8 drafts from p match
-the target's greedy continuation. So the script records L(p) at every position of each prompt's greedy output
+the target's greedy continuation (8, or as many as a static verify graph takes: LiteRT's 4). So the script records L(p) at every position of each prompt's greedy output
 once (the oracle), measures the export's call costs once, and then replays the auto policy (runtime/auto.py, the
 real class, one instance across prompts as in `mtpkit bench`) and every constant k against the same oracle,
 pricing each run's rounds with the same costs (runtime/cost_model.py round_cost). What remains between auto and
@@ -20,6 +21,11 @@ import statistics
 K_ORACLE = 8
 
 
+def oracle_depth(engine) -> int:
+    """Drafts per oracle round: K_ORACLE, or fewer where the export's verify graph has a static length."""
+    return K_ORACLE if engine.max_draft is None else min(K_ORACLE, engine.max_draft)
+
+
 def accepted_runs(engine, ids: list[int], max_new_tokens: int) -> list[int]:
     """L(p) for every committed position p of the greedy output of ids (index 0: the first decode round)."""
     from mtpkit.runtime.engine import GenConfig
@@ -27,15 +33,15 @@ def accepted_runs(engine, ids: list[int], max_new_tokens: int) -> list[int]:
     from mtpkit.runtime.speculative import _draft
 
     greedy = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=max_new_tokens, mtp=False))]
-    seq, (target, drafter) = ids + greedy, engine._raw
-    hidden = list(target.forward(ids, 0)[1])
-    for start in range(len(ids), len(seq) - 1, K_ORACLE):  # the cache and activations of every position
-        hidden += list(target.forward(seq[start:start + K_ORACLE], start)[1])
+    seq, (target, drafter), depth = ids + greedy, engine._raw, oracle_depth(engine)
+    hidden = [None] * (len(ids) - 1) + list(target.forward(ids, 0)[1][-1:])  # the prompt's last row is all used
+    for start in range(len(ids), len(seq) - 1, depth + 1):  # the cache and activations of every position
+        hidden += list(target.forward(seq[start:start + depth + 1], start)[1])
     sampler, runs = Sampler(GenConfig().sampling), []
     for p in range(len(ids), len(seq) - 1):
-        drafts, _ = _draft(drafter, target.kv, "clean", seq[p], hidden[p - 1], p, K_ORACLE, sampler)
+        drafts, _ = _draft(drafter, target.kv, "clean", seq[p], hidden[p - 1], p, depth, sampler)
         n = 0
-        while n < K_ORACLE and p + 1 + n < len(seq) and drafts[n] == seq[p + 1 + n]:
+        while n < depth and p + 1 + n < len(seq) and drafts[n] == seq[p + 1 + n]:
             n += 1
         runs.append(n)
     return runs
@@ -58,19 +64,21 @@ def replay(costs, runs: list[int], new_tokens: int, first_k: int, update) -> tup
 
 def measured_costs(engine, prompts: list[list[int]], max_new_tokens: int):
     """The export's call costs from constant-k and plain runs of the first prompts (medians of every call)."""
+    depth = oracle_depth(engine)
     from mtpkit.runtime.auto import CostMeter
     from mtpkit.runtime.bench import metered, run_once
     from mtpkit.runtime.engine import GenConfig
 
     with metered(engine, CostMeter(alpha=None)) as meter:
         for ids in prompts[:4]:
-            for k in (1, 2, 4, 6, 8):
+            for k in sorted({1, 2, 4, 6, 8, depth} - set(range(depth + 1, K_ORACLE + 1))):
                 run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=k))
             run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, mtp=False))
-    return meter.costs(K_ORACLE + 1)
+    return meter.costs(depth + 1)
 
 
-def compare(costs, oracle: list[tuple[list[int], int]], prior, repeats: int = 2) -> dict:
+def compare(costs, oracle: list[tuple[list[int], int]], prior, repeats: int = 2, depth: int = K_ORACLE,
+            policy_class=None) -> dict:
     """Speed-up over plain decoding per prompt: auto (after a warm-up run of each prompt) and each constant k."""
     from mtpkit.runtime.auto import AutoPolicy
     from mtpkit.runtime.cost_model import round_cost
@@ -79,13 +87,13 @@ def compare(costs, oracle: list[tuple[list[int], int]], prior, repeats: int = 2)
         def costs(self, max_len):
             return costs
 
-    policy = AutoPolicy(K_ORACLE, FixedMeter(), prior=prior)
+    policy = (policy_class or AutoPolicy)(depth, FixedMeter(), prior=prior)
     rows = []
     for runs, new_tokens in oracle:
         plain = round_cost(costs, 0) * (new_tokens - 1)
         for _ in range(repeats):
             auto, rounds = replay(costs, runs, new_tokens, policy.start(), policy.update)
-        const = {k: replay(costs, runs, new_tokens, k, lambda n, d, k=k: k)[0] for k in range(1, K_ORACLE + 1)}
+        const = {k: replay(costs, runs, new_tokens, k, lambda n, d, k=k: k)[0] for k in range(1, depth + 1)}
         best = min(const, key=const.get)
         rows.append({"auto": plain / auto, "best_k": best, "best": plain / const[best],
                      "constant": {k: plain / t for k, t in const.items()}, "auto_ks": [d for d, _ in rounds]})
@@ -99,20 +107,25 @@ def main() -> None:
     p.add_argument("export")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--prompts", choices=("heldout", "bench"), default="heldout")
+    p.add_argument("--backend", default="onnx", help="onnx (default) or litert")
     args = p.parse_args()
     from mtpkit.runtime.engine import Engine
 
-    engine = Engine(args.export, 1)
+    engine = Engine(args.export, 1, args.backend)
     prompts = [engine.codec.encode(text) for text in _texts(args.prompts)]
     oracle = [(runs, len(runs) + 1) for runs in (accepted_runs(engine, ids, args.max_new_tokens) for ids in prompts)]
     costs = measured_costs(engine, prompts, args.max_new_tokens)
-    report = compare(costs, oracle, engine.manifest.generation.get("acceptance_by_position") or ())
+    depth = oracle_depth(engine)
+    report = compare(costs, oracle, engine.manifest.generation.get("acceptance_by_position") or (), depth=depth)
     print(f"costs: decode {1e3 * costs.target[0]:.3f} ms, verify(5) {1e3 * costs.target_call(5):.3f} ms, "
           f"draft {1e3 * costs.draft:.3f} ms")
-    print("| prompt | auto | best constant k | its speed-up | k=3 | k=4 | k=5 |\n|---|---|---|---|---|---|---|")
+    shown = [k for k in (1, 2, 3, 4, 5) if k <= depth][-3:]
+    print(f"| prompt | auto | best constant k | its speed-up | {' | '.join(f'k={k}' for k in shown)} |\n"
+          f"|---|---|---|---|{'---|' * len(shown)}")
     for i, r in enumerate(report["rows"]):
         c = r["constant"]
-        print(f"| {i} | {r['auto']:.2f}x | {r['best_k']} | {r['best']:.2f}x | {c[3]:.2f}x | {c[4]:.2f}x | {c[5]:.2f}x |")
+        print(f"| {i} | {r['auto']:.2f}x | {r['best_k']} | {r['best']:.2f}x | "
+              f"{' | '.join(f'{c[k]:.2f}x' for k in shown)} |")
     print(f"median: auto {report['auto_median']:.3f}x, best constant k per prompt {report['best_median']:.3f}x, "
           f"auto / best {report['auto_over_best']:.3f}")
 
