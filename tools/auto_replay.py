@@ -5,10 +5,11 @@
 
 Greedy decoding with the clean hand-off makes a round's outcome a function of where it starts: drafted from
 committed position p, a round of k drafts accepts min(k, L(p)), where L(p) is how many of 8 drafts from p match
-the target's greedy continuation (8, or as many as a static verify graph takes: LiteRT's 4). So the script records L(p) at every position of each prompt's greedy output
-once (the oracle), measures the export's call costs once, and then replays the auto policy (runtime/auto.py, the
-real class, one instance across prompts as in `mtpkit bench`) and every constant k against the same oracle,
-pricing each run's rounds with the same costs (runtime/cost_model.py round_cost). What remains between auto and
+the target's greedy continuation (8, or as many as a static verify graph takes: LiteRT's 4 by default). So the
+script records L(p) at every position of each prompt's greedy output once (the oracle), measures the export's
+call costs once, and then replays the auto policy (runtime/auto.py, the real class, one instance across prompts
+as in `mtpkit bench`) and every constant k against the same oracle, pricing each run's rounds with the same
+costs (runtime/cost_model.py round_cost). What remains between auto and
 the best constant k is the policy's own loss; a measured run adds timing noise on top (docs/performance.md).
 Prompts: the held-out prompts of the shipped pair (mtpkit demo's), or the bench's built-in set.
 """
@@ -64,14 +65,14 @@ def replay(costs, runs: list[int], new_tokens: int, first_k: int, update) -> tup
 
 def measured_costs(engine, prompts: list[list[int]], max_new_tokens: int):
     """The export's call costs from constant-k and plain runs of the first prompts (medians of every call)."""
-    depth = oracle_depth(engine)
     from mtpkit.runtime.auto import CostMeter
     from mtpkit.runtime.bench import metered, run_once
     from mtpkit.runtime.engine import GenConfig
 
+    depth = oracle_depth(engine)
     with metered(engine, CostMeter(alpha=None)) as meter:
         for ids in prompts[:4]:
-            for k in sorted({1, 2, 4, 6, 8, depth} - set(range(depth + 1, K_ORACLE + 1))):
+            for k in sorted(k for k in {1, 2, 4, 6, 8, depth} if k <= depth):
                 run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=k))
             run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, mtp=False))
     return meter.costs(depth + 1)

@@ -12,10 +12,11 @@ log = logging.getLogger("mtpkit")
 EPILOG = """Uses the trained tiny Gemma 4 target + drafter in mtpkit/tiny/assets/tiny_pair (see its pair.json).
 By default (--pair e2b-shaped) the target is first grown wide (mtpkit/tiny/grow.py: MLPs x24, 37 M
 parameters, same drafter) so that a drafter step costs about 1/25 of a target call, as with the real E2B
-pair; it is grown once (a few seconds, 141 MB) into ~/.cache/mtpkit/demo-pairs (or $MTPKIT_CACHE_DIR) and kept
-there, since the export's manifest points at it (`mtpkit bench DIR --peers` reloads it); --pair small uses the shipped pair as is (fast, but its drafter costs 1/3 of a target call, so
-speculation barely pays). Writes the export to DIR, replays the transformers reference through the runtime
-(token-for-token parity) and times speculative against plain decoding on the same graphs. Nothing is downloaded.
+pair; it is grown once (a few seconds, 141 MB) into ~/.cache/mtpkit/demo-pairs (or $MTPKIT_CACHE_DIR) and
+kept there, since the export's manifest points at it (`mtpkit bench DIR --peers` reloads it). --pair small uses
+the shipped pair as is (fast, but its drafter costs 1/3 of a target call, so speculation barely pays). Writes
+the export to DIR, replays the transformers reference through the runtime (token-for-token parity) and times
+speculative against plain decoding on the same graphs. Nothing is downloaded.
 """
 PAIRS = ("e2b-shaped", "small")
 

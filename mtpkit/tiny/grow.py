@@ -73,6 +73,7 @@ def cached_pair(src: Path, cache: Path, spec: GrowSpec = GrowSpec()) -> tuple[Pa
     key = hashlib.sha256(json.dumps([_sha256(src / "target" / "model.safetensors"), asdict(spec)]).encode())
     folder = cache / f"grown-{key.hexdigest()[:16]}"
     if not (folder / "pair.json").is_file():
+        shutil.rmtree(folder, ignore_errors=True)  # not ours to trust: pair.json is written last
         cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".growing-", dir=cache))
         try:
