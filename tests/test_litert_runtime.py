@@ -65,3 +65,16 @@ def test_run_cli_on_litert(both):
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["output_ids"]) == 10
     assert "XNNPACK" not in result.stderr  # LiteRT's own INFO line at the first invoke (runtime/quiet.py)
+
+
+def test_demo_times_litert_lm_with_speculation_off_and_on(litert_exports):
+    """mtpkit demo's LiteRT-LM step on one shared export: both rows run every prompt, speculation keeps the
+    greedy text, and the report has what the demo prints (speed is reported, never asserted)."""
+    pytest.importorskip("litert_lm")
+    from mtpkit.tiny.demo_litert_lm import _agree, litert_lm_check
+
+    report = litert_lm_check(litert_exports(LITERT_VARIANTS[0]), ["def add(a, b):", "Hello, world"], 8, repeats=1)
+    assert report["prompts"] == 2 and report["same_text"] == 2 and report["runtime"].startswith("litert-lm ")
+    assert report["plain_ms_per_token"] > 0 and report["speculative_ms_per_token"] > 0
+    assert 0 < report["min_speedup"] <= report["median_speedup"]
+    assert _agree("abc", "abcd") and not _agree("abc", "abd") and not _agree("", "")

@@ -16,7 +16,8 @@ pair; it is grown once (a few seconds, 141 MB) into ~/.cache/mtpkit/demo-pairs (
 kept there, since the export's manifest points at it (`mtpkit bench DIR --peers` reloads it). --pair small uses
 the shipped pair as is (fast, but its drafter costs 1/3 of a target call, so speculation barely pays). Writes
 the export to DIR, replays the transformers reference through the runtime (token-for-token parity) and times
-speculative against plain decoding on the same graphs. Nothing is downloaded.
+speculative against plain decoding on the same graphs; with --backend onnx,litert also LiteRT-LM (the runtime
+the Android app ships) on model.litertlm, speculative decoding off and on. Nothing is downloaded.
 """
 PAIRS = ("e2b-shaped", "small")
 
@@ -50,8 +51,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"parity ({backend}): {'PASS' if report['ok'] else 'FAIL'}, {report['checks'] - report['failed']}/"
               f"{report['checks']} checks, k in {report['draft_lengths']}")
         report = heldout_check(out, backend, args.threads, args.max_new_tokens, args.repeats)
-        (out / f"demo_{backend}.json").write_text(json.dumps(report, indent=2) + "\n")
         print_heldout(report)
+        if backend == "litert":
+            from .demo_litert_lm import litert_lm_check, print_litert_lm
+
+            report["litert_lm"] = litert_lm_check(out, [t for _, t in heldout_prompts()], args.max_new_tokens,
+                                                  args.repeats)
+            print_litert_lm(report["litert_lm"])
+        (out / f"demo_{backend}.json").write_text(json.dumps(report, indent=2) + "\n")
     if not ok:
         raise CommandError("parity failed; see `mtpkit parity DIR` for the mismatches")
     return 0
@@ -83,14 +90,12 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
     from mtpkit.runtime.stats import tokens_per_target_call
 
     from .train import ASSETS
-    from .training.corpus import load_corpus
-    from .training.measure import eval_prompts
 
     pair = json.loads((ASSETS / "pair.json").read_text())
     engine = Engine(out, threads, backend)
     rows = []
     with metered(engine, CostMeter(alpha=None)) as meter:
-        for category, text in eval_prompts(load_corpus().heldout, pair["config"]["eval_prompts"]):
+        for category, text in heldout_prompts():
             ids = engine.codec.encode(text)  # <bos> + text, as transformers was measured (pair.json)
             row = {"category": category}
             for mode in ("hf", "clean"):
@@ -112,6 +117,16 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
             "median_speedup": statistics.median(measured), "min_speedup": min(measured),
             "median_predicted_speedup": statistics.median(predicted),
             "measured_over_predicted": statistics.median(m / p for m, p in zip(measured, predicted))}
+
+
+def heldout_prompts() -> list[tuple[str, str]]:
+    """(category, text) of the held-out prompts transformers was measured on (the shipped pair's pair.json)."""
+    from .train import ASSETS
+    from .training.corpus import load_corpus
+    from .training.measure import eval_prompts
+
+    pair = json.loads((ASSETS / "pair.json").read_text())
+    return list(eval_prompts(load_corpus().heldout, pair["config"]["eval_prompts"]))
 
 
 def print_heldout(report: dict) -> None:

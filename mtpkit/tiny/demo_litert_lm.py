@@ -1,0 +1,54 @@
+"""`mtpkit demo --backend onnx,litert`, last step: LiteRT-LM, the runtime the Android app ships, on the export's
+model.litertlm with speculative decoding off and on, on the demo's held-out prompts.
+
+mtpkit's own LiteRT backend is the desktop reference (parity, the cost model); what a phone runs is LiteRT-LM,
+whose speculative decoding reads the bundle's MTP drafter section. Its rows come from `mtpkit bench --peers`
+(export/peers.py, runtime/peers.py): every repeat runs every prompt with speculation off, then on, so both see
+the same machine load; ms/token is the whole call's wall time over its new tokens (prefill included). Reported,
+never asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+from pathlib import Path
+
+
+def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: int = 3) -> dict:
+    """Speculative vs plain on LiteRT-LM: medians over repeats per prompt, then over prompts; `same_text`: prompts
+    whose speculative text agrees with the plain one (greedy speculation must not change it)."""
+    from mtpkit.export.peers import litert_lm_peers
+    from mtpkit.export.scoped import output_captured
+    from mtpkit.runtime import peers as lib
+    from mtpkit.runtime.manifest import load_manifest
+
+    prompts = [lib.PeerPrompt(str(i), text, ()) for i, text in enumerate(texts)]
+    with contextlib.ExitStack() as stack:
+        plain, spec = litert_lm_peers(load_manifest(out), os.cpu_count() or 1, max_new_tokens, stack)
+        with output_captured("LiteRT-LM's first calls"):
+            lib.warm_up([plain, spec], prompts[0])
+        runs = lib.measure([plain, spec], prompts, repeats)
+    ms = {name: [statistics.median(1e3 * s / max(1, o.new_tokens) for s, o in runs[name][q.name]) for q in prompts]
+          for name in (plain.name, spec.name)}
+    speedups = [p / s for p, s in zip(ms[plain.name], ms[spec.name])]
+    same = sum(_agree(runs[plain.name][q.name][0][1].text, runs[spec.name][q.name][0][1].text) for q in prompts)
+    return {"runtime": spec.note.split(",")[0], "prompts": len(prompts), "repeats": repeats,
+            "plain_ms_per_token": statistics.median(ms[plain.name]),
+            "speculative_ms_per_token": statistics.median(ms[spec.name]),
+            "median_speedup": statistics.median(speedups), "min_speedup": min(speedups), "same_text": same}
+
+
+def _agree(plain: str | None, spec: str | None) -> bool:
+    """Equal where both have text: a last draft round may run past max_new_tokens (runtime/peers.py _same)."""
+    plain, spec = plain or "", spec or ""
+    n = min(len(plain), len(spec))
+    return n > 0 and plain[:n] == spec[:n]
+
+
+def print_litert_lm(report: dict) -> None:
+    print(f"{report['runtime']} (the runtime the Android app ships) on model.litertlm, "
+          f"{report['prompts']} held-out prompts: speculative vs plain median {report['median_speedup']:.2f}x "
+          f"(min {report['min_speedup']:.2f}x), {report['plain_ms_per_token']:.2f} -> "
+          f"{report['speculative_ms_per_token']:.2f} ms/token, same text {report['same_text']}/{report['prompts']}")
