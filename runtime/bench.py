@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mtpkit.errors import UsageError
@@ -24,6 +24,7 @@ from .peers import PeerPrompt
 from .stats import Stats, conditional_acceptance
 
 CATEGORIES = ("code", "structured", "rewrite", "prose")
+DEFAULT_MAX_K = 8  # constant draft lengths a bench measures when the export allows them
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ PROMPTS = (
 class BenchConfig:
     repeats: int = 3  # interleaved runs of every mode per prompt; the median is reported
     max_new_tokens: int = 64
-    max_k: int = 8  # constant draft lengths 1..max_k are measured and predicted
+    max_k: int | None = None  # constant k = 1..max_k measured and predicted; None: 8, capped by a static verify
     num_assistant_tokens: int | str | None = None  # the "speculative" column: auto unless a k or schedule is given
     schedule: str | None = None
     peers: bool = False  # also time transformers and LiteRT-LM on the same prompts (runtime/peers.py)
@@ -62,11 +63,22 @@ class BenchConfig:
             require("export", "mtpkit bench --peers (transformers generate() is a peer)")
         if self.repeats < 1:
             raise UsageError(f"--repeats must be >= 1 (got {self.repeats})")
-        if self.max_k < 1:
+        if self.max_k is not None and self.max_k < 1:
             raise UsageError(f"--max-k must be >= 1 (got {self.max_k})")
         self.spec_config()  # GenConfig's own checks: k, schedule, max_new_tokens
         if self.max_new_tokens < 3:  # the cost model needs a decode call after the prefill's token to be timed
             raise UsageError(f"mtpkit bench needs --max-new-tokens >= 3 to time a decode call (got {self.max_new_tokens})")
+
+    def fitted(self, engine) -> "BenchConfig":
+        """max_k for this export: the default 8, or as many drafts as a static verify graph takes (LiteRT's 4 by
+        default); an explicit --max-k beyond that is refused in one line instead of failing at its first run."""
+        limit = engine.max_draft
+        if self.max_k is None:
+            return replace(self, max_k=DEFAULT_MAX_K if limit is None else min(DEFAULT_MAX_K, limit))
+        if limit is not None and self.max_k > limit:
+            raise UsageError(f"--max-k {self.max_k}: this {engine.backend.kind} export verifies at most {limit} "
+                             f"drafts per round; use --max-k <= {limit} (or leave it out)")
+        return self
 
     def spec_config(self) -> GenConfig:
         return GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=self.num_assistant_tokens,
@@ -74,6 +86,8 @@ class BenchConfig:
 
     def modes(self) -> dict:
         """Every mode a repeat runs: plain, the speculative column, then constant k = 1..max_k."""
+        if self.max_k is None:
+            raise ValueError("BenchConfig.modes() needs max_k: fit the config to the export first (fitted)")
         modes = {"plain": GenConfig(max_new_tokens=self.max_new_tokens, mtp=False), "spec": self.spec_config()}
         modes.update({k: GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=k, schedule="constant")
                       for k in range(1, self.max_k + 1)})
@@ -204,7 +218,7 @@ def bench_prompt(engine: Engine, name: str, ids: list[int], cfg: BenchConfig) ->
     modes = {"plain": GenConfig(max_new_tokens=cfg.max_new_tokens, mtp=False), "spec": cfg.spec_config()}
     run_once(engine, ids, modes["spec"])  # warm-up: first calls pay allocation and kernel selection
     runs, meter = measure(engine, ids, modes, cfg.repeats)
-    k_max = max(cfg.max_k, *(d for s in runs["spec"] for d, _ in s.per_round), 1)
+    k_max = max(cfg.fitted(engine).max_k, *(d for s in runs["spec"] for d, _ in s.per_round), 1)
     acc = _filled(conditional_acceptance(runs["spec"], k_max))
     costs = meter.costs(k_max + 1)
     k = cfg.num_assistant_tokens if isinstance(cfg.num_assistant_tokens, int) else best_k(costs, acc, k_max)
@@ -226,6 +240,7 @@ def run_bench(export_dir, cfg: BenchConfig, prompts: list | None = None, threads
     progress: optional callable(str) told what runs now (the CLI's stderr progress line).
     """
     engine = Engine(export_dir, threads, backend)
+    cfg = cfg.fitted(engine)
     if cfg.peers:  # their checkpoints are found before minutes of mtpkit's own bench, not after
         from mtpkit.export.peers import resolve_sources
 

@@ -47,6 +47,22 @@ def test_bench_config_validation(kwargs, needle):
         BenchConfig(**kwargs)
 
 
+def test_max_k_follows_a_static_verify_length():
+    """`mtpkit bench DIR --backend litert` failed at its first k = 5 run with a hint about the wrong flag: the
+    default max_k now fits the export's verify graph, and an explicit one beyond it is refused up front."""
+    import types
+
+    litert = types.SimpleNamespace(max_draft=4, backend=types.SimpleNamespace(kind="litert"))
+    onnx = types.SimpleNamespace(max_draft=None, backend=types.SimpleNamespace(kind="onnx"))
+    assert BenchConfig().fitted(litert).max_k == 4 and BenchConfig().fitted(onnx).max_k == 8
+    assert BenchConfig(max_k=3).fitted(litert).max_k == 3 and BenchConfig(max_k=12).fitted(onnx).max_k == 12
+    with pytest.raises(ValueError, match=r"--max-k 6: this litert export verifies at most 4 drafts .* --max-k <= 4"):
+        BenchConfig(max_k=6).fitted(litert)
+    assert list(BenchConfig().fitted(litert).modes())[2:] == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="fit the config"):
+        BenchConfig().modes()
+
+
 def test_progress_only_on_a_terminal_and_not_quiet():
     class Tty(io.StringIO):
         def isatty(self):
