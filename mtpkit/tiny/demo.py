@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             from .demo_litert_lm import litert_lm_check, print_litert_lm
 
             report["litert_lm"] = litert_lm_check(out, [t for _, t in heldout_prompts()], args.max_new_tokens,
-                                                  args.repeats)
+                                                  args.repeats, args.threads)
             print_litert_lm(report["litert_lm"])
         (out / f"demo_{backend}.json").write_text(json.dumps(report, indent=2) + "\n")
     if not ok:

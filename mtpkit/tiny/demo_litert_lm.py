@@ -16,9 +16,13 @@ import statistics
 from pathlib import Path
 
 
-def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: int = 3) -> dict:
+def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: int = 3,
+                    threads: int | None = None) -> dict:
     """Speculative vs plain on LiteRT-LM: medians over repeats per prompt, then over prompts; `same_text`: prompts
-    whose speculative text agrees with the plain one (greedy speculation must not change it)."""
+    whose speculative text agrees with the plain one (greedy speculation must not change it). threads: all cores
+    unless given, as mtpkit's LiteRT backend."""
+    from importlib.metadata import version
+
     from mtpkit.export.peers import litert_lm_peers
     from mtpkit.export.scoped import output_captured
     from mtpkit.runtime import peers as lib
@@ -26,7 +30,7 @@ def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: i
 
     prompts = [lib.PeerPrompt(str(i), text, ()) for i, text in enumerate(texts)]
     with contextlib.ExitStack() as stack:
-        plain, spec = litert_lm_peers(load_manifest(out), os.cpu_count() or 1, max_new_tokens, stack)
+        plain, spec = litert_lm_peers(load_manifest(out), threads or os.cpu_count() or 1, max_new_tokens, stack)
         with output_captured("LiteRT-LM's first calls"):
             lib.warm_up([plain, spec], prompts[0])
         runs = lib.measure([plain, spec], prompts, repeats)
@@ -34,7 +38,7 @@ def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: i
           for name in (plain.name, spec.name)}
     speedups = [p / s for p, s in zip(ms[plain.name], ms[spec.name])]
     same = sum(_agree(runs[plain.name][q.name][0][1].text, runs[spec.name][q.name][0][1].text) for q in prompts)
-    return {"runtime": spec.note.split(",")[0], "prompts": len(prompts), "repeats": repeats,
+    return {"runtime": f"litert-lm {version('litert-lm-api')}", "threads": plain.threads, "prompts": len(prompts), "repeats": repeats,
             "plain_ms_per_token": statistics.median(ms[plain.name]),
             "speculative_ms_per_token": statistics.median(ms[spec.name]),
             "median_speedup": statistics.median(speedups), "min_speedup": min(speedups), "same_text": same}
