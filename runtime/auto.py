@@ -184,11 +184,7 @@ class AutoPolicy:
         """A new run: it always opens with a drafting round, since the last prompt's acceptance may not hold; one
         draft while nothing at all has been observed (a prior alone should not buy a long first draft)."""
         self._costs, self.wait, self.backoff = None, 0, self.first_wait
-        if not self.acceptance.trials:
-            self.probes += 1
-            self.k = 1
-        else:
-            self.k = self.choose() or self._probe()
+        self.k = (self.choose() or self._probe()) if self.acceptance.trials else self._probe(1)
         return self.k
 
     def update(self, accepted: int, drafted: int) -> int:
@@ -232,15 +228,14 @@ class AutoPolicy:
         self.backoff = min(2 * self.backoff, self.max_wait)
         return 0
 
-    def _probe(self) -> int:
+    def _probe(self, k: int | None = None) -> int:
         self.probes += 1
-        return self.probe_k()
+        return k or self.probe_k(self.costs())
 
-    def probe_k(self) -> int:
+    def probe_k(self, costs: Costs | None) -> int:
         """A probe's draft length: the k >= 1 the model rates best now (1 while costs are unknown). Where a verify
         costs the same at every length (LiteRT's static verify graph), a one-draft probe would pay a full verify
         for one position's evidence and, for a prompt that pays only at longer k, never show it."""
-        costs = self.costs()
         if costs is None:
             return 1
         acc = self.acceptance.rates(self.k_max)
@@ -251,7 +246,7 @@ class AutoPolicy:
         costs = self.costs()
         if costs is None:
             return 1
-        k = self.probe_k()
+        k = self.probe_k(costs)
         acc = self.acceptance.rates(k)
         plain = time_per_token(costs, acc, 0)
         loss = round_cost(costs, k) - expected_tokens(acc, k) * plain  # seconds one probe costs over plain

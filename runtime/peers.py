@@ -108,9 +108,14 @@ def _same(out: PeerOutput, ref: PeerOutput, decode: Callable) -> bool:
         return out.tokens == ref.tokens
     # text-only peers: the text must agree with mtpkit's where both have some and cover all but mtpkit's last token
     # (LiteRT-LM may leave the last token out of its text, or add a last draft round's tokens)
-    text, ref_text, short = out.text or "", decode(list(ref.tokens)), decode(list(ref.tokens[:-1]))
-    n = min(len(text), len(ref_text))
-    return text[:n] == ref_text[:n] and len(text) >= len(short)
+    text, short = out.text or "", decode(list(ref.tokens[:-1]))
+    return texts_agree(text, decode(list(ref.tokens))) and len(text) >= len(short)
+
+
+def texts_agree(a: str, b: str) -> bool:
+    """Equal over their common length: one of them may stop early or run a last draft round past the other."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
 
 
 def section(peers: list[Peer], prompts: list[PeerPrompt], runs: dict, decode: Callable, max_new_tokens: int,

@@ -34,21 +34,20 @@ def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: i
         with output_captured("LiteRT-LM's first calls"):
             lib.warm_up([plain, spec], prompts[0])
         runs = lib.measure([plain, spec], prompts, repeats)
-    ms = {name: [statistics.median(1e3 * s / max(1, o.new_tokens) for s, o in runs[name][q.name]) for q in prompts]
-          for name in (plain.name, spec.name)}
-    speedups = [p / s for p, s in zip(ms[plain.name], ms[spec.name])]
+    plain_row, spec_row = lib.summarize([plain, spec], prompts, runs, decode=None)  # no mtpkit reference row
+    speedups = [p["ms_per_token"] / s["ms_per_token"] for p, s in zip(plain_row["per_prompt"], spec_row["per_prompt"])]
     same = sum(_agree(runs[plain.name][q.name][0][1].text, runs[spec.name][q.name][0][1].text) for q in prompts)
-    return {"runtime": f"litert-lm {version('litert-lm-api')}", "threads": plain.threads, "prompts": len(prompts), "repeats": repeats,
-            "plain_ms_per_token": statistics.median(ms[plain.name]),
-            "speculative_ms_per_token": statistics.median(ms[spec.name]),
+    return {"runtime": f"litert-lm {version('litert-lm-api')}", "threads": plain.threads, "prompts": len(prompts),
+            "repeats": repeats, "plain_ms_per_token": plain_row["ms_per_token"],
+            "speculative_ms_per_token": spec_row["ms_per_token"],
             "median_speedup": statistics.median(speedups), "min_speedup": min(speedups), "same_text": same}
 
 
 def _agree(plain: str | None, spec: str | None) -> bool:
-    """Equal where both have text: a last draft round may run past max_new_tokens (runtime/peers.py _same)."""
-    plain, spec = plain or "", spec or ""
-    n = min(len(plain), len(spec))
-    return n > 0 and plain[:n] == spec[:n]
+    """Both have text and it agrees (runtime/peers.py texts_agree: a last draft round may run past the other)."""
+    from mtpkit.runtime.peers import texts_agree
+
+    return bool(plain and spec) and texts_agree(plain, spec)
 
 
 def print_litert_lm(report: dict) -> None:
