@@ -32,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--backend", default="onnx",
                    help=f"comma-separated: {', '.join(BACKENDS)} (every backend also writes the ONNX graphs it is "
                         "checked against; default onnx)")
-    p.add_argument("--max-cache-len", type=int, default=4096, help="KV capacity in tokens (default 4096)")
+    p.add_argument("--max-cache-len", type=int, default=None,
+                   help="KV capacity in tokens: prompt + generated (default 4096, or the target's "
+                        "max_position_embeddings when that is smaller)")
     p.add_argument("--quant", default="fp32", choices=QUANT_RECIPES,
                    help="target weights: fp32 (default), fp16, int8 or int4 (weight-only, blockwise), or "
                         "int8-dynamic (per-channel int8 weights, int8 activations at run time); quantized "
@@ -52,9 +54,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--target-revision", help="hub revision of the target")
     p.add_argument("--drafter-revision", help="hub revision of the drafter")
     p.add_argument("--reference-tokens", type=int, default=32, help="new tokens per reference prompt (default 32)")
-    p.add_argument("--prefill-len", type=int, default=128, help="LiteRT static prefill chunk length (default 128)")
+    p.add_argument("--prefill-len", type=int, default=None,
+                   help="LiteRT static prefill chunk length (default 128, or the KV capacity when that is smaller)")
     p.add_argument("--num-draft", type=int, default=None,
-                   help="LiteRT drafts per verify call, verify length = this + 1 (default: drafter's num_assistant_tokens)")
+                   help="LiteRT drafts per verify call, verify length = this + 1 (default: drafter's num_assistant_tokens, "
+                        "capped by the KV capacity)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the graph-vs-PyTorch check")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="what the exporter holds the target's weights in while it works: auto (default: fp32 when "

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mtpkit.errors import UsageError, check_number
@@ -11,12 +12,17 @@ from mtpkit.extras import require
 
 from mtpkit.runtime.roles import BACKENDS
 
+log = logging.getLogger("mtpkit")
+
 # "none" is accepted as fp32 (the earlier name). int8-dynamic: per-channel int8 weights, activations quantized at
 # run time (ONNX Runtime's quantize_dynamic; on LiteRT the same graphs as int8, which is dynamic-range already)
 QUANT_RECIPES = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
 PLE_RECIPES = ("int8", "int4")  # the PLE table under int8 / int4 (a 4-bit PLE broke other toolchains)
 BLOCK_SIZES = (32, 64, 128)
 DTYPES = ("auto", "fp32", "bf16", "fp16")  # what the exporter holds the target's weights in (models/gemma4_text.py)
+MIN_CACHE_LEN = 16
+DEFAULT_MAX_CACHE_LEN = 4096  # adapts down to the target's max_position_embeddings when that is smaller
+DEFAULT_PREFILL_LEN = 128  # adapts down to the KV capacity when that is smaller
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,7 @@ class ExportConfig:
     out: Path  # export folder; written atomically
     backend: tuple[str, ...] = ("onnx",)  # graph formats to write
     force: bool = False  # replace an existing out folder
-    max_cache_len: int = 4096  # KV capacity the runtime preallocates (prompt + generated tokens)
+    max_cache_len: int | None = None  # KV capacity (prompt + generated tokens); None: 4096 or the model's limit
     quant: str = "fp32"  # target weights: fp32 | fp16 | int8 | int4 (weight-only, blockwise) | int8-dynamic
     drafter_quant: str | None = None  # drafter weights; None: the target's recipe
     ple_quant: str = "int8"  # the per-layer-embedding table under the int recipes: int8, or int4 only when asked
@@ -38,7 +44,7 @@ class ExportConfig:
     drafter_revision: str | None = None
     reference_tokens: int = 32  # new tokens per reference prompt recorded from transformers
     check: bool = True  # verify every graph against PyTorch before declaring success
-    prefill_len: int = 128  # LiteRT: static prefill chunk length (prompts are padded / chunked to it)
+    prefill_len: int | None = None  # LiteRT: static prefill chunk (prompts padded / chunked); None: 128 or capacity
     num_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
     memory_budget: float | None = None  # GiB the export may use at its peak (preflight.py); None: MemAvailable
     dtype: str = "auto"  # the target's weights while exporting: the checkpoint's own dtype, or fp32 | bf16 | fp16
@@ -59,10 +65,10 @@ class ExportConfig:
             backends = ("onnx", *backends)  # the ONNX graphs are the reference the export is checked against
         # role-table order (onnx first), each once
         object.__setattr__(self, "backend", tuple(b for b in BACKENDS if b in backends))
-        if self.prefill_len < 1 or (self.num_draft is not None and self.num_draft < 1):
+        if any(v is not None and v < 1 for v in (self.prefill_len, self.num_draft)):
             raise UsageError("--prefill-len and --num-draft must be >= 1")
-        if self.max_cache_len < 16:
-            raise UsageError(f"--max-cache-len must be at least 16, got {self.max_cache_len}")
+        if self.max_cache_len is not None and self.max_cache_len < MIN_CACHE_LEN:
+            raise UsageError(f"--max-cache-len must be at least {MIN_CACHE_LEN}, got {self.max_cache_len}")
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", check_number("--memory-budget", self.memory_budget, 0,
                                                                    low_open=True, hint="; give it in GiB, e.g. 20"))
@@ -76,6 +82,22 @@ class ExportConfig:
         if self.out.exists() and not self.out.is_dir():
             raise UsageError(f"output path {self.out} exists and is not a folder; choose another --out")
 
+
+    def fitted(self, max_positions: int, drafter_k: int) -> ExportConfig:
+        """The config with every shape default resolved against the model: a default that does not fit adapts
+        (and is logged); a value the user gave that does not fit is refused in one line.
+
+        max_positions: the target's max_position_embeddings; drafter_k: the drafter's num_assistant_tokens.
+        """
+        cache = _fit("--max-cache-len", self.max_cache_len, DEFAULT_MAX_CACHE_LEN, max_positions,
+                     f"the target's max_position_embeddings ({max_positions})")
+        if cache < MIN_CACHE_LEN:
+            raise UsageError(f"the target holds only {max_positions} positions (max_position_embeddings); mtpkit "
+                             f"needs a KV capacity of at least {MIN_CACHE_LEN}")
+        prefill = _fit("--prefill-len", self.prefill_len, DEFAULT_PREFILL_LEN, cache, f"the KV capacity ({cache})")
+        num_draft = _fit("--num-draft", self.num_draft, drafter_k, cache - 1,
+                         f"the KV capacity ({cache}) less the verified token")
+        return replace(self, max_cache_len=cache, prefill_len=prefill, num_draft=num_draft)
 
     def _check_quant(self, backends) -> None:
         object.__setattr__(self, "quant", "fp32" if self.quant == "none" else self.quant)
@@ -91,6 +113,17 @@ class ExportConfig:
             raise UsageError(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
         if self.accuracy_level not in range(5):
             raise UsageError(f"--accuracy-level must be 0-4, got {self.accuracy_level}")
+
+
+def _fit(flag: str, given: int | None, default: int, limit: int, what: str) -> int:
+    """given when it fits (refused otherwise); else the default, capped at limit (logged when it is)."""
+    if given is not None:
+        if given > limit:
+            raise UsageError(f"{flag} {given} exceeds {what}; choose at most {limit}")
+        return given
+    if default > limit:
+        log.info("  %s %d (the default %d exceeds %s)", flag, limit, default, what)
+    return min(default, limit)
 
 
 def _did_you_mean(value: str, choices) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from mtpkit import __version__
-from mtpkit.errors import UsageError
 from mtpkit.runtime.backends.onnx import without_prepacking
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
 
@@ -44,8 +43,9 @@ def export_model(cfg: ExportConfig) -> Path:
         cfg.drafter, "drafter", cfg.drafter_revision)
     tad, dad = target_adapter(target_src), drafter_adapter(drafter_src)
     dad.check_compatible(tad.hf_config(target_src), dad.hf_config(drafter_src))  # before loading any weights
+    cfg = cfg.fitted(tad.hf_config(target_src).max_position_embeddings, _drafter_k(drafter_src))
     _check_tokenizer(target_src)
-    _check_files(cfg, tad.hf_config(target_src), target_src, drafter_src)
+    _check_files(target_src, drafter_src)
     estimate = preflight.check(cfg, target_src, drafter_src)  # before any weights load or --out is touched
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     lock, tmp = outdir.claim(cfg.out, cfg.force), None  # one writer per folder; removes a killed run's leftovers
@@ -112,11 +112,9 @@ def _graphs_checked(cfg: ExportConfig, job: ExportJob, phases: PhaseLog, sources
 
 
 def _job(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src) -> ExportJob:
-    gen_d = _json(drafter_src.folder / "generation_config.json")
     return ExportJob(cfg=cfg, folder=tmp, target=target, drafter=drafter, target_adapter=tad, drafter_adapter=dad,
                      target_folder=target_src.folder, kv_layers=tad.kv_layers(target.config),
-                     store=tad.store_layers(target.config),
-                     num_draft=cfg.num_draft or int(gen_d.get("num_assistant_tokens") or 4))
+                     store=tad.store_layers(target.config), num_draft=cfg.num_draft)
 
 
 def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
@@ -200,14 +198,15 @@ def _check_tokenizer(src: Source) -> None:
                               "re-download the checkpoint") from e
 
 
-def _check_files(cfg: ExportConfig, tcfg, target_src: Source, drafter_src: Source) -> None:
-    """What can be refused before the output folder is touched: damaged weight files, a cache longer than the
-    target's positions."""
+def _check_files(target_src: Source, drafter_src: Source) -> None:
+    """Damaged weight files are refused before the output folder is touched."""
     for src in (target_src, drafter_src):
         safetensors_files(src.folder)  # also checks each file's header and length
-    if cfg.max_cache_len > tcfg.max_position_embeddings:
-        raise UsageError(f"--max-cache-len {cfg.max_cache_len} exceeds the target's max_position_embeddings "
-                         f"({tcfg.max_position_embeddings}); choose at most that")
+
+
+def _drafter_k(src: Source) -> int:
+    """The drafter's own draft length (its generation_config's num_assistant_tokens)."""
+    return int(_json(src.folder / "generation_config.json").get("num_assistant_tokens") or 4)
 
 
 def _manifest(job: ExportJob, target_src: Source, drafter_src: Source, backends: dict, tokenizer: dict,
@@ -223,7 +222,7 @@ def _manifest(job: ExportJob, target_src: Source, drafter_src: Source, backends:
                "drafter_hidden_size": job.drafter.config.get_text_config().hidden_size,
                "max_position_embeddings": tcfg.max_position_embeddings},
         tokens=_token_ids(tcfg, gen_t), tokenizer=tokenizer,
-        generation={"num_assistant_tokens": int(gen_d.get("num_assistant_tokens") or 4),
+        generation={"num_assistant_tokens": _drafter_k(drafter_src),
                     "num_assistant_tokens_schedule": gen_d.get("num_assistant_tokens_schedule", "constant")},
         kv_cache={"capacity": cfg.max_cache_len, "dtype": "float32", "layout": "BHSD",
                   "layers": [dataclasses.asdict(d) for d in job.kv_layers], "drafter_layers": job.store,

@@ -23,11 +23,13 @@ def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **opti
 
     Options are the fields of mtpkit.export.config.ExportConfig (one per `mtpkit export` flag), mainly:
       backend="onnx"         "onnx,litert" also writes the .tflite graphs and model.litertlm ([litert] extra)
-      max_cache_len=4096     KV capacity the runtime preallocates: prompt + generated tokens
+      max_cache_len=None     KV capacity the runtime preallocates: prompt + generated tokens (None: 4096, or
+                             the target's max_position_embeddings when that is smaller)
       force=False            replace an existing `out`
       check=True             compare every graph with PyTorch and fail loudly on any difference
       reference_tokens=32    new tokens per prompt recorded from transformers for `mtpkit parity`
-      prefill_len=128, num_draft=None     LiteRT static shapes (prefill chunk, drafts per verify call)
+      prefill_len=None, num_draft=None    LiteRT static shapes (prefill chunk: 128; drafts per verify call: the
+                             drafter's num_assistant_tokens), each capped by the KV capacity when not given
       target_revision=None, drafter_revision=None     hub revisions
       memory_budget=None     GiB the export may use at its peak (default: MemAvailable); an export estimated to
                              need more raises MemoryBudgetError before any weight loads (docs/export-memory.md)

@@ -293,6 +293,7 @@ def calibrate(target, drafter, meter: CostMeter, k_max: int, repeats: int = 3) -
     committed when it reads them (prefill starts at 0), the same reason rollback needs no cleanup.
     """
     limit = k_max + 1 if target.max_draft is None else min(k_max, target.max_draft) + 1
+    limit = min(limit, target.kv.capacity - 1)  # a small cache: the longest call that fits after position 1
     lengths = sorted({t for t in CALIBRATION_LENGTHS if t <= limit} | {limit})
     pos = max(1, min(64, target.kv.capacity - limit))
     _, hidden = target.forward([0], pos)

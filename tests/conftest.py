@@ -13,7 +13,8 @@ os.environ["MTPKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="mtpkit-test-cache-")
 VARIANTS = {
     # name: make-tiny spec; together they cover both target layouts, both drafter heads, e2b/e4b, k_eq_v
     "e2b_gemma4_centroid": dict(shape="e2b", layout="gemma4", head="centroid"),
-    "e4b_text_dense_kv_eq": dict(shape="e4b", layout="gemma4_text", head="dense", k_eq_v=True),
+    # max_positions 512: the LiteRT export below takes the default KV capacity, which must adapt to it
+    "e4b_text_dense_kv_eq": dict(shape="e4b", layout="gemma4_text", head="dense", k_eq_v=True, max_positions=512),
     "e2b_text_kv_eq": dict(shape="e2b", layout="gemma4_text", head="centroid", k_eq_v=True),
 }
 # LiteRT exports cost minutes each: these two cover both target layouts, both drafter heads and k_eq_v
@@ -71,7 +72,8 @@ def tiny_exports(tmp_path_factory, tiny_checkpoints):
 @pytest.fixture(scope="session")
 def litert_exports(tmp_path_factory, tiny_checkpoints):
     """name -> export folder with ONNX and LiteRT graphs (verify length 9, so k in {1,2,4,8} fits; prefill 16),
-    shared by the LiteRT runtime and LiteRT quantization tests."""
+    shared by the LiteRT runtime and LiteRT quantization tests. KV capacity 256, except for a checkpoint with a
+    smaller max_positions: that one is exported without --max-cache-len, so the default adapts to the model."""
     import mtpkit
 
     root = tmp_path_factory.mktemp("litert")
@@ -80,8 +82,9 @@ def litert_exports(tmp_path_factory, tiny_checkpoints):
     def get(name: str):
         if name not in cache:
             target, drafter = tiny_checkpoints(name)
+            capacity = {} if "max_positions" in VARIANTS[name] else {"max_cache_len": 256}
             cache[name] = mtpkit.export_pair(target, drafter, root / name, backend="onnx,litert", reference_tokens=24,
-                                             max_cache_len=256, prefill_len=16, num_draft=8)
+                                             prefill_len=16, num_draft=8, **capacity)
         return cache[name]
 
     return get

@@ -47,6 +47,7 @@ class TinySpec:
     head: str = "centroid"  # drafter head: centroid (ordered embeddings) or dense
     k_eq_v: bool = False  # attention_k_eq_v on full layers
     sliding_window: int = 8
+    max_positions: int = 4096  # max_position_embeddings: a smaller limit shows how export defaults adapt to it
     num_assistant_tokens: int = 4
     seed: int = 0
     init_std: float = 0.06  # larger than HF's 0.02 so logits are not near-ties, small enough for 1e-4 fp32 parity
@@ -108,9 +109,11 @@ def assistant_config(target_text: dict, *, hidden: int, intermediate: int, heads
 
 def target_text_config(spec: TinySpec) -> dict:
     if spec.shape == "e2b-wide":
-        return text_config(vocab=VOCAB_SIZE, window=spec.sliding_window, k_eq_v=spec.k_eq_v, init_std=0.02, **WIDE)
-    return text_config(vocab=VOCAB_SIZE, hidden=64, intermediate=128, window=spec.sliding_window,
-                       e2b=spec.shape == "e2b", k_eq_v=spec.k_eq_v, init_std=spec.init_std)
+        text = text_config(vocab=VOCAB_SIZE, window=spec.sliding_window, k_eq_v=spec.k_eq_v, init_std=0.02, **WIDE)
+    else:
+        text = text_config(vocab=VOCAB_SIZE, hidden=64, intermediate=128, window=spec.sliding_window,
+                           e2b=spec.shape == "e2b", k_eq_v=spec.k_eq_v, init_std=spec.init_std)
+    return {**text, "max_position_embeddings": spec.max_positions}
 
 
 def drafter_config(spec: TinySpec, target_text: dict) -> dict:

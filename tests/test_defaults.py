@@ -1,0 +1,62 @@
+"""Defaults adapt to the checkpoint and the export; only values the user gave may be refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+
+from mtpkit.errors import UsageError
+from mtpkit.export.config import ExportConfig
+
+
+def _cfg(tmp_path, **kw) -> ExportConfig:
+    return ExportConfig(target="t", drafter="d", out=tmp_path / "out", **kw)
+
+
+def test_shape_defaults_adapt_to_a_model_with_few_positions(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="mtpkit"):
+        cfg = _cfg(tmp_path).fitted(max_positions=512, drafter_k=4)
+    assert (cfg.max_cache_len, cfg.prefill_len, cfg.num_draft) == (512, 128, 4)
+    assert "--max-cache-len 512 (the default 4096 exceeds the target's max_position_embeddings (512))" in caplog.text
+    small = _cfg(tmp_path, max_cache_len=16).fitted(max_positions=512, drafter_k=20)
+    assert (small.max_cache_len, small.prefill_len, small.num_draft) == (16, 16, 15)  # each default capped
+    assert _cfg(tmp_path).fitted(max_positions=8192, drafter_k=4).max_cache_len == 4096  # the default when it fits
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(max_cache_len=600), "--max-cache-len 600 exceeds the target's max_position_embeddings (512); choose at most 512"),
+    (dict(max_cache_len=64, prefill_len=65), "--prefill-len 65 exceeds the KV capacity (64); choose at most 64"),
+    (dict(max_cache_len=64, num_draft=64), "--num-draft 64 exceeds the KV capacity (64) less the verified token"),
+])
+def test_values_the_user_gave_are_refused_when_they_do_not_fit(tmp_path, flags, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _cfg(tmp_path, **flags).fitted(max_positions=512, drafter_k=4)
+
+
+def test_a_model_with_fewer_positions_than_any_cache_is_refused_in_one_line(tmp_path):
+    with pytest.raises(UsageError, match="holds only 8 positions"):
+        _cfg(tmp_path).fitted(max_positions=8, drafter_k=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capacity", [16, 17])
+def test_the_default_schedule_runs_on_the_smallest_cache(tmp_path, tiny_exports, capacity):
+    """auto's start-up calibration wrote past a 16- or 17-slot cache ('KV cache full: 18 > 16'). ONNX graphs do
+    not depend on the capacity (the host allocates it from the manifest), so a copy with a smaller capacity is
+    what `mtpkit export --max-cache-len 16` writes."""
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_exports("e2b_gemma4_centroid"), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["kv_cache"]["capacity"] = capacity
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    engine = Engine(folder)
+    prompt, cfg = [2, 80, 81], GenConfig(max_new_tokens=capacity - 3)
+    assert cfg.auto
+    tokens = [t for t, _ in engine.generate(prompt, cfg)]
+    plain = [t for t, _ in engine.generate(prompt, GenConfig(max_new_tokens=capacity - 3, mtp=False))]
+    assert tokens == plain and len(tokens) == capacity - 3
