@@ -134,29 +134,38 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
 
 
 def _record_acceptance(manifest: Manifest, folder: Path, max_k: int = 8) -> Manifest:
-    """Acceptance of draft i given drafts 1..i-1 were accepted, for the exported (final) graphs: the runtime,
-    greedy, clean hand-off, k = max_k on the reference prompts that fit the KV capacity. The prior of
-    `--num-assistant-tokens auto`; a position never reached is recorded as 0 (auto still probes it); nothing is
+    """Each backend's acceptance of draft i given drafts 1..i-1 were accepted, on its exported (final) graphs:
+    the runtime, greedy, clean hand-off, constant k = max_k (or the backend's static verify length) on the
+    reference prompts that fit the KV capacity, recorded as `backends.<kind>.options.acceptance_by_position`. The
+    prior of `--num-assistant-tokens auto`; a position never reached is 0 (auto still probes it); nothing is
     recorded when no prompt fits (auto then starts from its built-in prior)."""
+    backends = dict(manifest.backends)
+    for kind in manifest.backends:
+        acceptance = _acceptance(manifest, folder, kind, max_k)
+        if acceptance:
+            log.info("  %s drafter acceptance by position (greedy, k=%d, reference prompts): %s", kind,
+                     len(acceptance), " ".join(f"{a:.2f}" for a in acceptance))
+            options = {**backends[kind].options, "acceptance_by_position": acceptance}
+            backends[kind] = dataclasses.replace(backends[kind], options=options)
+    manifest = dataclasses.replace(manifest, backends=backends)
+    manifest.save(folder)
+    return manifest
+
+
+def _acceptance(manifest: Manifest, folder: Path, kind: str, max_k: int) -> list[float]:
     from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import conditional_acceptance
 
-    engine = Engine(folder, threads=1)
+    engine = Engine(folder, threads=1, backend=kind)
+    k = min(max_k, engine.max_draft or max_k)
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
     runs = []
     for p in reference["prompts"]:
-        cfg = GenConfig(max_new_tokens=len(p["greedy_ids"]), num_assistant_tokens=max_k, schedule="constant")
+        cfg = GenConfig(max_new_tokens=len(p["greedy_ids"]), num_assistant_tokens=k, schedule="constant")
         if engine.target.positions_needed(len(p["prompt_ids"]), cfg.max_new_tokens) <= engine.kv.capacity:
             runs.append(run_once(engine, p["prompt_ids"], cfg))
-    if not runs:
-        return manifest
-    acceptance = [round(a or 0.0, 4) for a in conditional_acceptance(runs, max_k)]
-    log.info("  drafter acceptance by position (greedy, k=%d, reference prompts): %s", max_k,
-             " ".join(f"{a:.2f}" for a in acceptance))
-    manifest = dataclasses.replace(manifest, generation={**manifest.generation, "acceptance_by_position": acceptance})
-    manifest.save(folder)
-    return manifest
+    return [round(a or 0.0, 4) for a in conditional_acceptance(runs, k)] if runs else []
 
 
 def _backend_module(kind: str):
@@ -164,13 +173,15 @@ def _backend_module(kind: str):
 
 
 def _check_graphs(manifest: Manifest, job: ExportJob, root: Path) -> None:
-    checks = verify.check_onnx(manifest, job.target, job.drafter, manifest_prompt(manifest, root))
+    """Every backend's graphs against PyTorch, each by its own export module's check(manifest, job, ids)."""
+    ids = manifest_prompt(manifest, root)
+    checks = [c for kind in manifest.backends for c in _backend_module(kind).check(manifest, job, ids)]
     (root / "graph_parity.json").write_text(json.dumps([c.__dict__ | {"ok": c.ok} for c in checks], indent=2))
     for c in checks:
         ties = f" ({c.near_ties} near-ties)" if c.near_ties else ""
         noise = f"  PyTorch vs itself {c.reference_noise:.1e}" if c.reference_noise > verify.ATOL / verify.NOISE_FACTOR else ""
-        log.info("  %-24s max|d| %.2e (tol %.1e)  argmax %.0f%%%s  %s%s", c.signature, c.max_abs, c.tolerance,
-                 100 * c.argmax_agree, ties, "ok" if c.ok else "FAIL", noise)
+        log.info("  %-6s %-24s max|d| %.2e (tol %.1e)  argmax %.0f%%%s  %s%s", c.backend, c.signature, c.max_abs,
+                 c.tolerance, 100 * c.argmax_agree, ties, "ok" if c.ok else "FAIL", noise)
     verify.raise_on_failure(checks)
 
 

@@ -38,6 +38,7 @@ class GraphCheck:
     flips: int = 0  # positions whose argmax differs from the reference's
     near_ties: int = 0  # of those, where the reference's two candidates are within tolerance of each other
     reference_noise: float = 0.0  # PyTorch vs itself under one ulp of jitter (0: not measured)
+    backend: str = "onnx"  # whose graph this was
 
     @property
     def ok(self) -> bool:
@@ -48,7 +49,8 @@ class GraphParityError(MtpkitError, RuntimeError):
     """An exported graph does not match PyTorch; the export is refused and removed."""
 
 
-def _compare(name: str, got: np.ndarray, want: np.ndarray, logits: bool = True, noise: float = 0.0) -> GraphCheck:
+def _compare(name: str, got: np.ndarray, want: np.ndarray, logits: bool = True, noise: float = 0.0,
+             backend: str = "onnx") -> GraphCheck:
     """Logits: ATOL absolute (or NOISE_FACTOR x the reference's own noise) and argmax agreement up to near-ties.
     Hidden states: the same relative to their largest magnitude, because fp32 itself is about ATOL from fp64 on
     activations of magnitude ~4 (measured on tiny models)."""
@@ -56,13 +58,14 @@ def _compare(name: str, got: np.ndarray, want: np.ndarray, logits: bool = True, 
     max_abs = float(np.abs(got - want).max())
     if not logits:
         scale = max(1.0, float(np.abs(want).max()))
-        return GraphCheck(name, max_abs, 1.0, max(ATOL * scale, NOISE_FACTOR * noise), reference_noise=noise)
+        return GraphCheck(name, max_abs, 1.0, max(ATOL * scale, NOISE_FACTOR * noise), reference_noise=noise,
+                          backend=backend)
     tolerance = max(ATOL, NOISE_FACTOR * noise)
     chosen, best = got.argmax(-1), want.argmax(-1)
     rows = np.flatnonzero(chosen != best)
     gap = want[rows, best[rows]] - want[rows, chosen[rows]]  # how far the graph's pick is below the reference's
     return GraphCheck(name, max_abs, float((chosen == best).mean()), tolerance, flips=len(rows),
-                      near_ties=int((gap <= tolerance).sum()), reference_noise=noise)
+                      near_ties=int((gap <= tolerance).sum()), reference_noise=noise, backend=backend)
 
 
 def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
@@ -75,16 +78,10 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
     sessions = {name: ort.InferenceSession(str(manifest.path(g.file)), session_options(),
                                            providers=["CPUExecutionProvider"])
                 for name, g in backend.graphs.items()}
-    n = len(ids)
-    with torch.no_grad():
-        hf = target(torch.tensor([ids]), output_hidden_states=True, return_shared_kv_states=True, use_cache=False)
-    ref_logits, ref_hidden = hf.logits[0].numpy(), hf.hidden_states[-1][0].numpy()
-    noise = _reference_noise(target, ids, ref_logits, ref_hidden)
+    hf, ref_logits, ref_hidden, noise = _reference(target, ids)
     checks = []
-    # prefill all but the last 5 tokens, then verify 4 of them, then decode the last one
-    split = [(0, n - 5, "prefill"), (n - 5, n - 1, "verify"), (n - 1, n, "decode")]
     kv = {d.layer: (np.zeros((1, d.kv_heads, 0, d.head_dim), np.float32),) * 2 for d in manifest.kv_layers}
-    for start, end, name in split:
+    for start, end, name in _split(len(ids)):
         sig = backend.signatures[name]
         feeds = _target_feeds(sig, manifest, ids[start:end], start, kv)
         out = dict(zip([o.name for o in sig.outputs], sessions[sig.graph].run(None, feeds)))
@@ -97,6 +94,44 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
             kv[layer] = (np.concatenate([kv[layer][0], k_new], 2), np.concatenate([kv[layer][1], v_new], 2))
     checks += _check_draft(manifest, sessions, target, drafter, ids, hf)
     return checks
+
+
+def check_runtime(manifest, kind: str, target, drafter, ids: list[int]) -> list[GraphCheck]:
+    """A backend's graphs as mtpkit's runtime drives them (the Target / Drafter Protocols), against PyTorch with
+    the same splits and tolerances as check_onnx. A backend whose prefill returns only its last row (LiteRT's
+    chunked static prefill) is compared on the rows it returns; its prefill graphs are also checked through the
+    KV cache they write, which every later call reads."""
+    from mtpkit.runtime.backends import open_backend
+
+    graph_target, graph_drafter = open_backend(manifest, kind, threads=1)
+    hf, ref_logits, ref_hidden, noise = _reference(target, ids)
+    checks = []
+    for start, end, name in _split(len(ids)):
+        logits, hidden = graph_target.forward(ids[start:end], start)
+        rows = slice(end - len(logits), end)
+        checks.append(_compare(name, logits, ref_logits[rows], noise=noise[0], backend=kind))
+        checks.append(_compare(name + ".hidden_states", hidden, ref_hidden[rows], logits=False, noise=noise[1],
+                               backend=kind))
+    view = graph_target.kv.drafter_view(len(ids), "clean")
+    for step, (token, hidden, ref) in enumerate(_draft_reference(manifest, target, drafter, ids, hf)):
+        logits, projected = graph_drafter.step(token, hidden.numpy().reshape(-1), len(ids), view)
+        checks.append(_compare(f"draft[{step}]", logits[None], ref.logits.numpy(), backend=kind))
+        checks.append(_compare(f"draft[{step}].projected", projected[None], ref.last_hidden_state.numpy(),
+                               logits=False, backend=kind))
+    return checks
+
+
+def _split(n: int) -> list[tuple[int, int, str]]:
+    """Prefill all but the last 5 tokens, then verify 4 of them, then decode the last one."""
+    return [(0, n - 5, "prefill"), (n - 5, n - 1, "verify"), (n - 1, n, "decode")]
+
+
+def _reference(target, ids: list[int]):
+    """PyTorch's forward over the whole sequence: (output, logits, final hidden states, reference noise)."""
+    with torch.no_grad():
+        hf = target(torch.tensor([ids]), output_hidden_states=True, return_shared_kv_states=True, use_cache=False)
+    ref_logits, ref_hidden = hf.logits[0].numpy(), hf.hidden_states[-1][0].numpy()
+    return hf, ref_logits, ref_hidden, _reference_noise(target, ids, ref_logits, ref_hidden)
 
 
 def _reference_noise(target, ids: list[int], logits: np.ndarray, hidden: np.ndarray) -> tuple[float, float]:
@@ -132,19 +167,11 @@ def _target_feeds(sig, manifest, ids, pos, kv) -> dict:
 def _check_draft(manifest, sessions, target, drafter, ids, hf) -> list[GraphCheck]:
     """Two chained draft steps from the last prompt position, as transformers' candidate generator runs them."""
     sig = manifest.backend("onnx").signatures["draft"]
-    shared = hf.shared_kv_states
-    sliding_visible = manifest.model["sliding_window"] + 1  # HF's drafter sees the last W+1 sliding entries
-    full_k, full_v = shared["full_attention"]
-    sl_k, sl_v = (t[:, :, -sliding_visible:] for t in shared["sliding_attention"])
-    token = int(hf.logits[0, -1].argmax())
-    hidden = hf.hidden_states[-1][:, -1:]
-    pos = torch.tensor([[len(ids)]])
+    full_k, full_v, sl_k, sl_v = _store_kv(manifest, hf)
     checks = []
-    for step in range(2):
+    for step, (token, hidden, ref) in enumerate(_draft_reference(manifest, target, drafter, ids, hf)):
         with torch.no_grad():
             embeds = target.get_input_embeddings()(torch.tensor([[token]]))
-            ref = drafter(inputs_embeds=torch.cat([embeds, hidden], -1), position_ids=pos,
-                          shared_kv_states={"full_attention": (full_k, full_v), "sliding_attention": (sl_k, sl_v)})
         feeds = {sig.input("inputs_embeds").name: embeds.numpy(), sig.input("activations").name: hidden.numpy(),
                  sig.input("input_pos").name: np.array([len(ids)], np.int64),
                  sig.input("store_key", "full_attention").name: full_k.numpy(),
@@ -154,13 +181,35 @@ def _check_draft(manifest, sessions, target, drafter, ids, hf) -> list[GraphChec
         logits, projected = sessions[sig.graph].run([o.name for o in sig.outputs], feeds)
         checks.append(_compare(f"draft[{step}]", logits, ref.logits.numpy()))
         checks.append(_compare(f"draft[{step}].projected", projected, ref.last_hidden_state.numpy(), logits=False))
-        token, hidden = int(ref.logits[0, -1].argmax()), ref.last_hidden_state
     return checks
+
+
+def _store_kv(manifest, hf) -> tuple:
+    """The store layers' K/V the drafter sees: all full-attention entries, the last W+1 sliding ones (as HF)."""
+    shared = hf.shared_kv_states
+    sliding_visible = manifest.model["sliding_window"] + 1
+    full_k, full_v = shared["full_attention"]
+    sl_k, sl_v = (t[:, :, -sliding_visible:] for t in shared["sliding_attention"])
+    return full_k, full_v, sl_k, sl_v
+
+
+def _draft_reference(manifest, target, drafter, ids, hf, steps: int = 2):
+    """(token, activations, HF drafter output) per chained draft step at position len(ids); each step is fed the
+    previous reference step's token and projected activations."""
+    full_k, full_v, sl_k, sl_v = _store_kv(manifest, hf)
+    token, hidden, pos = int(hf.logits[0, -1].argmax()), hf.hidden_states[-1][:, -1:], torch.tensor([[len(ids)]])
+    for _ in range(steps):
+        with torch.no_grad():
+            embeds = target.get_input_embeddings()(torch.tensor([[token]]))
+            ref = drafter(inputs_embeds=torch.cat([embeds, hidden], -1), position_ids=pos,
+                          shared_kv_states={"full_attention": (full_k, full_v), "sliding_attention": (sl_k, sl_v)})
+        yield token, hidden, ref
+        token, hidden = int(ref.logits[0, -1].argmax()), ref.last_hidden_state
 
 
 def raise_on_failure(checks: list[GraphCheck]) -> None:
     bad = [c for c in checks if not c.ok]
     if bad:
-        detail = "; ".join(f"{c.signature}: max|d|={c.max_abs:.2e} (tolerance {c.tolerance:.1e}), argmax "
+        detail = "; ".join(f"{c.backend} {c.signature}: max|d|={c.max_abs:.2e} (tolerance {c.tolerance:.1e}), argmax "
                            f"{c.argmax_agree:.0%}, {c.flips - c.near_ties} flip(s) beyond a near-tie" for c in bad)
         raise GraphParityError(f"exported graphs do not match PyTorch: {detail}")

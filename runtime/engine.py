@@ -96,7 +96,7 @@ class Engine:
     def auto_policy(self, k_max: int) -> AutoPolicy:
         """The engine's auto policy, created and calibrated (a few timed calls) on first use."""
         if self.policy is None:
-            recorded = self.manifest.generation.get("acceptance_by_position") or ()  # the exporter's figure, if any
+            recorded = self.backend.options.get("acceptance_by_position") or ()  # the exporter's figure, if any
             prior = [min(1.0, max(0.0, float(a))) for a in recorded]
             self.policy = AutoPolicy(k_max, self.meter, prior=prior)
             calibrate(*self._raw, self.meter, k_max)

@@ -118,7 +118,8 @@ GRAPH = fields({"file": STR, "sha256": STR, "bytes": integer(0, 2**63 - 1), "bac
 EMBEDDING = fields({"file": STR, "dtype": STR, "shape": items(integer(1), 2), "scale": NUMBER}, {"offset": integer()})
 BACKEND = fields({"kind": STR, "kv_io": one_of("window", "state"), "graphs": mapping(GRAPH, 1),
                   "signatures": mapping(SIGNATURE, 1)}, {"options": fields({}, {"embedding": EMBEDDING,
-                                                                  "min_onnxruntime": optional(_release)})})
+                                                                  "min_onnxruntime": optional(_release),
+                                                                  "acceptance_by_position": items(NUMBER)})})
 LAYER_TYPES = ("sliding_attention", "full_attention")
 KV_ROLES = ("past_key", "past_value", "new_key", "new_value", "kv_key", "kv_value", "store_key", "store_value")
 KV_LAYER = fields({"layer": integer(), "type": one_of(*LAYER_TYPES),
@@ -130,7 +131,7 @@ MANIFEST = fields({
     "tokens": fields({"eos": items(integer())}, {"bos": optional(integer()), "pad": optional(integer())}),
     "tokenizer": fields({"file": STR}, {"add_bos": BOOL, "chat_template_file": optional(STR)}),
     "generation": fields({"num_assistant_tokens": integer(1)},
-                         {"num_assistant_tokens_schedule": STR, "acceptance_by_position": optional(items(NUMBER))}),
+                         {"num_assistant_tokens_schedule": STR}),
     "kv_cache": fields({"capacity": integer(1), "layers": items(KV_LAYER, 1), "sliding_past": integer(),
                         "drafter_sliding_visible": integer(),
                         "drafter_layers": fields({t: integer() for t in LAYER_TYPES})}),

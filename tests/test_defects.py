@@ -128,3 +128,32 @@ def test_a_role_outside_the_role_table_is_refused():
 
     with pytest.raises(ManifestError, match="role 'present_key'"):
         TensorSpec("present.0.key", "present_key", [1, 1, "T", 8], "float32", 0)
+
+
+@pytest.mark.slow
+def test_fidelity_measures_acceptance_with_constant_k_whatever_the_drafter_config_says(tmp_path, tiny_exports,
+                                                                                       monkeypatch):
+    """export/fidelity.py ran its speculative pass with the drafter's configured schedule (heuristic here) while
+    its docstring said constant k."""
+    import json
+    import shutil
+
+    from mtpkit.export import fidelity
+    from mtpkit.runtime import bench
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_exports("e2b_gemma4_centroid"), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["generation"]["num_assistant_tokens_schedule"] = "heuristic"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    kinds, run_once = [], bench.run_once
+
+    def spy(engine, ids, cfg, *args, **kw):
+        kinds.append((engine.schedule(cfg).kind, engine.schedule(cfg).k))
+        return run_once(engine, ids, cfg, *args, **kw)
+
+    monkeypatch.setattr(bench, "run_once", spy)
+    reference = json.loads((folder / "reference.json").read_text())
+    figures = fidelity.runtime_figures(folder, reference, num_draft=2)
+    assert kinds and set(kinds) == {("constant", 2)}
+    assert (figures["schedule"], figures["num_draft"]) == ("constant", 2)

@@ -26,6 +26,6 @@ def test_demo_exports_proves_parity_and_reports_speed(tmp_path):
     assert report["median_predicted_speedup"] > 0 and report["call_ms"]["drafter_step"] > 0  # values: not asserted
     assert all(r["bench"]["predicted_k"] >= 0 for r in report["rows"])
     # the export records the trained drafter's acceptance by position: auto's prior (68% at position 1 in pair.json)
-    prior = json.loads((out / "manifest.json").read_text())["generation"]["acceptance_by_position"]
+    prior = json.loads((out / "manifest.json").read_text())["backends"]["onnx"]["options"]["acceptance_by_position"]
     assert len(prior) == 8 and prior[0] > 0.3
     assert json.loads((out / "demo_pair.json").read_text())["pair"] == "small"

@@ -170,7 +170,7 @@ def test_graph_bench_reports_nodes_and_call_times(tiny_exports, unfused_export, 
 
 
 def test_export_records_the_drafters_acceptance_prior(tiny_exports):
-    """manifest.generation.acceptance_by_position: what `--num-assistant-tokens auto` starts from."""
+    """backends.onnx.options.acceptance_by_position: what `--num-assistant-tokens auto` starts from."""
     manifest = load_manifest(tiny_exports("e2b_gemma4_centroid"))
-    acceptance = manifest.generation["acceptance_by_position"]
+    acceptance = manifest.backend("onnx").options["acceptance_by_position"]
     assert len(acceptance) == 8 and all(0.0 <= a <= 1.0 for a in acceptance)

@@ -134,7 +134,7 @@ def acceptance_of(args) -> tuple[list[float] | None, str | None]:
     if args.acceptance:
         return [float(a) for a in args.acceptance.split(",")], "--acceptance"
     if args.acceptance_from:
-        recorded = load_manifest(args.acceptance_from, verify=False).generation.get("acceptance_by_position")
+        recorded = load_manifest(args.acceptance_from, verify=False).backend().options.get("acceptance_by_position")
         return (list(recorded), str(args.acceptance_from)) if recorded else (None, None)
     return None, None
 

@@ -1,8 +1,11 @@
 """Export backends, one module per graph format (see runtime/roles.py BACKENDS), mirrored by runtime/backends/.
 
-Each module `export/backends/<kind>.py` provides `export(job: ExportJob) -> manifest.Backend`: it writes its
-graph files into job.folder and returns its manifest entry (graph files with sha256, signatures whose tensors
-carry roles from the role table, backend options). The pipeline only orchestrates.
+Each module `export/backends/<kind>.py` provides
+- `export(job: ExportJob) -> manifest.Backend`: it writes its graph files into job.folder and returns its manifest
+  entry (graph files with sha256, signatures whose tensors carry roles from the role table, backend options);
+- `check(manifest, job, ids) -> list[verify.GraphCheck]`: its float graphs against PyTorch (export/verify.py);
+- `quantize(folder, backend, recipes, block_size, accuracy_level, ple_bits) -> manifest.Backend`.
+The pipeline only orchestrates.
 """
 
 from __future__ import annotations

@@ -181,6 +181,13 @@ def export(job: ExportJob) -> Backend:
     return manifest_entry(job.folder, info)
 
 
+def check(manifest, job: ExportJob, ids: list[int]) -> list:
+    """The float graphs against PyTorch, driven by mtpkit's LiteRT runtime (export/verify.py check_runtime)."""
+    from ..verify import check_runtime
+
+    return check_runtime(manifest, "litert", job.target, job.drafter, ids)
+
+
 def manifest_entry(folder: Path, info: dict) -> Backend:
     """Map export_litert's description onto the manifest: every signature by role, static lengths, masks."""
     files = info["files"]

@@ -24,7 +24,7 @@ from typing import Callable, ContextManager
 import numpy as np
 import torch
 
-from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Signature, TensorSpec, sha256_file
+from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Manifest, Signature, TensorSpec, sha256_file
 
 from ..scoped import logger_level, root_logging_kept
 from . import ExportJob, onnx_fusions, onnx_stream
@@ -61,6 +61,13 @@ def export(job: ExportJob) -> Backend:
     if fuse:  # the contrib kernels' oldest ORT with MultiHeadAttention's grouped mask (onnx_fusions.py)
         options["min_onnxruntime"] = "1.20"
     return Backend("onnx", "window", graphs, sigs, options)
+
+
+def check(manifest: Manifest, job: ExportJob, ids: list[int]) -> list:
+    """The float graphs against PyTorch, session by session (export/verify.py)."""
+    from ..verify import check_onnx
+
+    return check_onnx(manifest, job.target, job.drafter, ids)
 
 
 def _log_nodes(job: ExportJob, graphs: dict[str, GraphFile]) -> dict[str, int]:
