@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mtpkit.runtime.roles import BACKENDS
 
-from .config import BLOCK_SIZES, DTYPES, QUANT_RECIPES  # torch-free, so --help works in the runtime-only install
+from .config import BLOCK_SIZES, DTYPES, PLE_RECIPES, QUANT_RECIPES  # torch-free, so --help works in the runtime-only install
 
 log = logging.getLogger("mtpkit")
 
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         "int8-dynamic (per-channel int8 weights, int8 activations at run time); quantized "
                         "graphs are measured against the float model and gated (see quant_fidelity.json)")
     p.add_argument("--drafter-quant", default=None, choices=QUANT_RECIPES, help="drafter weights (default: --quant)")
-    p.add_argument("--ple-quant", default="int8", choices=("int8", "int4"),
+    p.add_argument("--ple-quant", default="int8", choices=PLE_RECIPES,
                    help="per-layer-embedding table under --quant int8/int4/int8-dynamic: int8 (default) or int4 "
                         "(half the bytes of the largest table; quant_fidelity.json shows what it costs)")
     p.add_argument("--block-size", type=int, default=32, choices=BLOCK_SIZES, help="int8/int4 block (default 32)")

@@ -17,7 +17,8 @@ log = logging.getLogger("mtpkit")
 # "none" is accepted as fp32 (the earlier name). int8-dynamic: per-channel int8 weights, activations quantized at
 # run time (ONNX Runtime's quantize_dynamic; on LiteRT the same graphs as int8, which is dynamic-range already)
 QUANT_RECIPES = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
-PLE_RECIPES = ("int8", "int4")  # the PLE table under int8 / int4 (a 4-bit PLE broke other toolchains)
+PLE_BITS = {"int8": 8, "int4": 4}  # the PLE table under int8 / int4 (a 4-bit PLE broke other toolchains)
+PLE_RECIPES = tuple(PLE_BITS)
 BLOCK_SIZES = (32, 64, 128)
 DTYPES = ("auto", "fp32", "bf16", "fp16")  # what the exporter holds the target's weights in (models/gemma4_text.py)
 MIN_CACHE_LEN = 16
@@ -82,6 +83,11 @@ class ExportConfig:
         if self.out.exists() and not self.out.is_dir():
             raise UsageError(f"output path {self.out} exists and is not a folder; choose another --out")
 
+
+    @property
+    def ple_bits(self) -> int:
+        """Bits per value of the per-layer-embedding table under the int recipes."""
+        return PLE_BITS[self.ple_quant]
 
     def fitted(self, max_positions: int, drafter_k: int) -> ExportConfig:
         """The config with every shape default resolved against the model: a default that does not fit adapts

@@ -125,7 +125,7 @@ def _fixed_cost(manifest: Manifest, feeds: dict):
     graph = helper.make_graph(nodes, "fixed", inputs, outputs)
     session = _scratch_session(graph, model.opset_import)
     names = [o.name for o in outputs]
-    run = getattr(session, "_sess", session).run  # as OrtSession.run calls it
+    run = session.run  # as OrtSession.run calls it
     return lambda: run(names, feeds, None)
 
 

@@ -125,7 +125,7 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     cfg = job.cfg
     recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
     backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level,
-                                                     ple_bits=int(cfg.ple_quant[3:]))
+                                                     ple_bits=cfg.ple_bits)
                 for kind, backend in manifest.backends.items()}
     manifest = dataclasses.replace(manifest, backends=backends)
     manifest.save(job.folder)

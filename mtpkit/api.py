@@ -123,6 +123,10 @@ class Model:
         return Generation(self.engine.codec.decode(out), tuple(out), tuple(prompt_ids), self.last_stats)
 
     def _deltas(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[str]:
+        self.engine.check_request(prompt_ids, cfg)  # now, not at the first next()
+        return self._stream_deltas(prompt_ids, cfg)
+
+    def _stream_deltas(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[str]:
         from mtpkit.runtime.tokenizer import StreamDecoder
 
         decoder = StreamDecoder(self.engine.codec)

@@ -179,18 +179,19 @@ class AutoPolicy:
         self.backoff = self.first_wait
         self._costs: Costs | None = None
         self._age = 0
+        self._opening = False  # the run's first round is under way (see _next)
 
     def start(self) -> int:
         """A new run: it always opens with a drafting round, since the last prompt's acceptance may not hold; one
         draft while nothing at all has been observed (a prior alone should not buy a long first draft)."""
-        self._costs, self.wait, self.backoff = None, 0, self.first_wait
+        self._costs, self.wait, self.backoff, self._opening = None, 0, self.first_wait, True
         self.k = (self.choose() or self._probe()) if self.acceptance.trials else self._probe(1)
         return self.k
 
     def update(self, accepted: int, drafted: int) -> int:
         if drafted:
             self.acceptance.observe(accepted, drafted)
-        self.k = self._next(accepted, drafted)
+        self.k, self._opening = self._next(accepted, drafted), False
         return self.k
 
     def costs(self) -> Costs | None:
@@ -223,8 +224,10 @@ class AutoPolicy:
             self.backoff = self.first_wait
             return self._probe()
         # drafting stopped paying, or a probe failed: an estimate near break-even would allow probing every round,
-        # so failed probes also back off exponentially (log2 of the plain rounds probes, when nothing is accepted)
-        self.wait = max(self.probe_interval(), self.backoff)
+        # so failed probes also back off exponentially (log2 of the plain rounds probes, when nothing is accepted).
+        # A run's opening draft, right after the prompt, often fails where the text is predictable later on: it
+        # waits only the first backoff, not the budgeted interval (~90 rounds at 1%, longer than short runs)
+        self.wait = self.backoff if self._opening else max(self.probe_interval(), self.backoff)
         self.backoff = min(2 * self.backoff, self.max_wait)
         return 0
 

@@ -103,8 +103,8 @@ class Engine:
         self.policy.k_max = k_max
         return self.policy
 
-    def generate(self, prompt_ids: list[int], cfg: GenConfig, stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
-        """Yields (token, from_draft); fills stats (timings, acceptance, calls) as it goes."""
+    def check_request(self, prompt_ids: list[int], cfg: GenConfig) -> None:
+        """Raise UsageError for a request this export cannot run (empty prompt, beyond the KV capacity)."""
         if not prompt_ids:
             raise UsageError("the prompt is empty; pass some text")
         needed = self.target.positions_needed(len(prompt_ids), cfg.max_new_tokens)
@@ -112,6 +112,10 @@ class Engine:
             raise UsageError(f"prompt ({len(prompt_ids)} tokens) + --max-new-tokens ({cfg.max_new_tokens}) exceeds the "
                              f"export's KV capacity of {self.kv.capacity} tokens; shorten them or re-export with a "
                              "larger --max-cache-len")
+
+    def generate(self, prompt_ids: list[int], cfg: GenConfig, stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
+        """Yields (token, from_draft); fills stats (timings, acceptance, calls) as it goes."""
+        self.check_request(prompt_ids, cfg)
         stats = stats if stats is not None else Stats()
         sampler = Sampler(cfg.sampling)
         eos = set(self.manifest.eos_ids)

@@ -61,6 +61,9 @@ def test_stream_stopped_early_still_records_stats(model):
 def test_bad_options_fail_at_the_call(model):
     with pytest.raises(ValueError, match="top_p"):
         model.stream(PROMPT, top_p=0)  # before iteration, not at the first next()
+    # the request check too: a prompt beyond the KV capacity (it fired only at the first next())
+    with pytest.raises(ValueError, match="exceeds the export's KV capacity"):
+        model.stream(PROMPT, max_new_tokens=100_000)
 
 
 def test_chat_renders_the_history_with_the_exports_template(model, export_dir):

@@ -238,3 +238,17 @@ def test_greedy_tokens_are_identical_whatever_k_the_policy_picks(ks):
     assert got == want
     assert stats.drafted == sum(d for d, _ in stats.per_round) and all(d > 0 for d, _ in stats.per_round)
 
+
+
+def test_a_failed_opening_draft_waits_only_the_first_backoff():
+    """A run's first draft, right after the prompt, often fails on prompts that turn predictable; at the 1% probe
+    budget the next probe came only after the budgeted interval (~90 plain rounds), so short runs never drafted."""
+    policy = _policy(draft=0.8)
+    policy.acceptance.observe(0, 1)  # an earlier run saw little: drafting does not pay by the estimate
+    k = policy.start()
+    assert k >= 1 and policy.probe_interval() > policy.first_wait  # the budget alone would wait longer
+    assert policy.update(0, k) == 0 and policy.wait == policy.first_wait
+    while policy.wait > 1:
+        policy.update(0, 0)
+    assert policy.update(0, 0) >= 1  # the second probe, first_wait rounds later
+    assert policy.update(0, policy.k) == 0 and policy.wait >= policy.probe_interval()  # later failures: the budget

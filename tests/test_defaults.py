@@ -60,3 +60,10 @@ def test_the_default_schedule_runs_on_the_smallest_cache(tmp_path, tiny_exports,
     tokens = [t for t, _ in engine.generate(prompt, cfg)]
     plain = [t for t, _ in engine.generate(prompt, GenConfig(max_new_tokens=capacity - 3, mtp=False))]
     assert tokens == plain and len(tokens) == capacity - 3
+
+
+def test_the_ple_bit_width_comes_from_a_table_not_from_the_recipe_name(tmp_path):
+    """export/pipeline.py sliced the recipe string (int(ple_quant[3:])) for the PLE table's bits."""
+    from mtpkit.export.config import PLE_RECIPES
+
+    assert {r: _cfg(tmp_path, ple_quant=r).ple_bits for r in PLE_RECIPES} == {"int8": 8, "int4": 4}

@@ -157,3 +157,32 @@ def test_fidelity_measures_acceptance_with_constant_k_whatever_the_drafter_confi
     figures = fidelity.runtime_figures(folder, reference, num_draft=2)
     assert kinds and set(kinds) == {("constant", 2)}
     assert (figures["schedule"], figures["num_draft"]) == ("constant", 2)
+
+
+@pytest.mark.slow
+def test_loading_holds_one_session_per_graph(tiny_exports, monkeypatch):
+    """runtime/backends/onnx.py pick_threads opened every graph once per thread count it timed and held them all
+    at once: a full-size export started with about twice the memory it runs with."""
+    import weakref
+
+    import onnxruntime as ort
+
+    from mtpkit.runtime.engine import Engine
+
+    alive, peak, real = weakref.WeakSet(), {}, ort.InferenceSession
+
+    class Counted(real):
+        def __init__(self, path, *args, **kw):
+            super().__init__(path, *args, **kw)
+            self.counted_path = str(path)
+            alive.add(self)
+            peak[self.counted_path] = max(peak.get(self.counted_path, 0),
+                                          sum(s.counted_path == self.counted_path for s in alive))
+
+    monkeypatch.setattr(ort, "InferenceSession", Counted)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)  # two candidates to time, on any machine
+    engine = Engine(tiny_exports("e2b_gemma4_centroid"))
+    assert len(peak) == 2 and set(peak.values()) == {1}, peak
+    assert set(engine._raw[0].session.threads.values()) <= {1, 2}
+    # the sessions are ONNX Runtime's public API (InferenceSession.run), not its private C session
+    assert all(run.__func__ is real.run for run in engine._raw[0].session._run.values())

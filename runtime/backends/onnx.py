@@ -36,15 +36,19 @@ class OrtSession:
 
     def __init__(self, backend: Backend, sessions: dict, threads: dict[str, int]):
         self.backend, self._sessions, self.threads = backend, sessions, threads
-        # InferenceSession.run re-checks every feed name per call (~20 us, 5 calls a round); the manifest binding
-        # already guarantees them, so call its C session when this onnxruntime has one (it still checks shapes)
-        self._run = {name: getattr(getattr(s, "_sess", s), "run", s.run) for name, s in sessions.items()}
+        self._run = {name: s.run for name, s in sessions.items()}  # the public API only
         # per signature: graph, (input name, feed key) pairs, output names and keys, resolved once
         self._io = {name: (sig.graph, [(t.name, t.key) for t in sig.inputs], [t.name for t in sig.outputs],
                            [t.key for t in sig.outputs]) for name, sig in backend.signatures.items()}
 
     @classmethod
     def open(cls, manifest: Manifest, backend: Backend, threads: int) -> "OrtSession":
+        sessions = {name: cls.open_graph(manifest, backend, name, threads) for name in backend.graphs}
+        return cls(backend, sessions, {name: threads for name in sessions})
+
+    @staticmethod
+    def open_graph(manifest: Manifest, backend: Backend, graph: str, threads: int):
+        """One InferenceSession of a graph at `threads` intra-op threads, with the options above."""
         import onnxruntime as ort
 
         _check_version(ort.__version__, backend.options.get("min_onnxruntime"))
@@ -57,9 +61,8 @@ class OrtSession:
         for key, value in _EXTRA_CONFIG.items():
             opts.add_session_config_entry(key, value)
         opts.log_severity_level = 3
-        sessions = {name: ort.InferenceSession(str(manifest.path(graph.file)), opts, providers=["CPUExecutionProvider"])
-                    for name, graph in backend.graphs.items()}
-        return cls(backend, sessions, {name: threads for name in sessions})
+        return ort.InferenceSession(str(manifest.path(backend.graphs[graph].file)), opts,
+                                    providers=["CPUExecutionProvider"])
 
     def run(self, signature: str, feeds: dict) -> dict:
         """feeds and outputs are keyed by TensorSpec.key: (role, layer or layer type)."""
@@ -232,31 +235,46 @@ def load(manifest: Manifest, backend: Backend, threads: int | None = None) -> tu
 
 def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embeddings, candidates,
                  repeats: int = 12) -> OrtSession:
-    """Per graph, the thread count whose decode (target) or draft step (drafter) is faster, timed interleaved;
-    within 10% the fewer threads win: they leave cores to the host and to other processes, whose load can come
-    and go after the pick (on a shared 2-core machine a 2-thread target waits for the busy core)."""
-    opened = [OrtSession.open(manifest, backend, n) for n in candidates]
-    times = {(n, g): [] for n in candidates for g in ("target", "drafter")}
-    pos = min(64, kv.capacity - 1)
-    for rep in range(repeats + 2):  # the first two passes only warm up
-        for n, session in zip(candidates, opened):
-            target, drafter = Target(session, kv), Drafter(session, embed)
-            t0 = time.perf_counter()
-            _, hidden = target.forward([0], pos)
-            t1 = time.perf_counter()
-            drafter.step(0, hidden[-1], pos, kv.drafter_view(pos, "clean"))
-            if rep >= 2:
-                times[n, "target"].append(t1 - t0)
-                times[n, "drafter"].append(time.perf_counter() - t1)
+    """Per graph, the thread count whose decode (target) or draft step (drafter) is faster; within 10% the fewer
+    threads win: they leave cores to the host and to other processes, whose load can come and go after the pick
+    (on a shared 2-core machine a 2-thread target waits for the busy core).
+
+    The candidates are timed one at a time, most threads first, so the process never holds two sessions of a
+    graph (a full-size export would start with twice the memory it runs with); the last candidate's sessions are
+    kept where they win and only the other graphs are opened again."""
+    order = sorted(candidates, reverse=True)
+    times: dict = {}
+    for n in order:
+        session = None  # the previous candidate's sessions are released before the next opens
+        session = OrtSession.open(manifest, backend, n)
+        times[n] = _time_calls(session, kv, embed, repeats)
     chosen, drafter_graph = {}, backend.signatures["draft"].graph
     for graph in backend.graphs:
         role = "drafter" if graph == drafter_graph else "target"
-        best = min(candidates, key=lambda n: statistics.median(times[n, role]))
-        fewest = min(candidates)
-        keep = statistics.median(times[fewest, role]) <= 1.10 * statistics.median(times[best, role])
-        chosen[graph] = fewest if keep else best
-    sessions = {g: opened[candidates.index(n)]._sessions[g] for g, n in chosen.items()}
+        best = min(order, key=lambda n: statistics.median(times[n][role]))
+        keep = statistics.median(times[order[-1]][role]) <= 1.10 * statistics.median(times[best][role])
+        chosen[graph] = order[-1] if keep else best
+    sessions = dict(session._sessions)
+    for graph, n in chosen.items():
+        if n != order[-1]:
+            del sessions[graph]  # released before its winner opens
+            sessions[graph] = OrtSession.open_graph(manifest, backend, graph, n)
     return OrtSession(backend, sessions, chosen)
+
+
+def _time_calls(session: OrtSession, kv: WindowKV, embed: Embeddings, repeats: int) -> dict[str, list[float]]:
+    """Seconds of a decode call and a draft step, repeats times after two warm-up passes."""
+    target, drafter = Target(session, kv), Drafter(session, embed)
+    pos, times = min(64, kv.capacity - 1), {"target": [], "drafter": []}
+    for rep in range(repeats + 2):
+        t0 = time.perf_counter()
+        _, hidden = target.forward([0], pos)
+        t1 = time.perf_counter()
+        drafter.step(0, hidden[-1], pos, kv.drafter_view(pos, "clean"))
+        if rep >= 2:
+            times["target"].append(t1 - t0)
+            times["drafter"].append(time.perf_counter() - t1)
+    return times
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
