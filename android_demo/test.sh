@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # JVM tests of android_demo: builds core + desktop with kotlinc and runs the JUnit 5 tests against an ONNX export
-# of the trained tiny pair (ONNX Runtime's C API through JNA). Installs what it needs (apt, npm); prints one
+# of the trained tiny pair (ONNX Runtime's C API through JNA); links the app's resources and compiles the app's
+# Kotlin against Android API 23. Installs what it needs (apt, npm, one Debian .deb kept under .tools); prints one
 # "android_demo: N passed, N failed" line and exits non-zero on any failure. Needs .venv (made by .ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,48 @@ fi
 if [ "$(cat "$K/package.json" 2>/dev/null | grep -o "\"version\": *\"$KOTLIN_VERSION\"")" = "" ]; then
   npm install --silent --prefix "$DEMO/.tools" --no-audit --no-fund "kotlin-compiler@$KOTLIN_VERSION" >/dev/null
 fi
+
+# --- the app's compile classpath, fetched once into .tools: android.jar (API 23) and ONNX Runtime Android's Java API
+# Debian ships android.jar only in bullseye and sid: a private apt configuration (the machine's own Debian mirror,
+# Debian's keyring) downloads the one .deb without touching the system's sources; the hash pins the exact file.
+ANDROID_JAR=$DEMO/.tools/android-23/android.jar
+ANDROID_PKG=libandroid-23-java=6.0.1+r72-6
+ANDROID_DEB=libandroid-23-java_6.0.1+r72-6_all.deb
+ANDROID_DEB_SHA256=8af1b6df556971dda0a6da3536ea526a838e0c363afcdd454213d8bce94793e3
+fetch_android_jar() {
+  local tmp=$DEMO/.tools/apt mirror codename
+  codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+  mirror=$(apt-get indextargets --no-release-info --format '$(REPO_URI) $(RELEASE)' \
+    | awk -v r="$codename" '$2 == r {print $1; exit}')
+  [ -n "$mirror" ] || { echo "android_demo: no Debian mirror for $codename in the apt sources"; return 1; }
+  rm -rf "$tmp" && mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/parts"
+  printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' \
+    "$mirror" bullseye "$mirror" sid >"$tmp/sources.list"
+  local apt=(apt-get -q -o Dir::Etc::sourcelist="$tmp/sources.list" -o Dir::Etc::sourceparts="$tmp/parts"
+    -o Dir::State::lists="$tmp/lists" -o Dir::Cache="$tmp/cache" -o APT::Sandbox::User=root)
+  "${apt[@]}" update >"$tmp/apt.log" 2>&1 || true # one suite is enough; the download below says if none had it
+  (cd "$tmp" && "${apt[@]}" download "$ANDROID_PKG") >>"$tmp/apt.log" 2>&1 \
+    && echo "$ANDROID_DEB_SHA256  $tmp/$ANDROID_DEB" | sha256sum -c --quiet \
+    || { cat "$tmp/apt.log"; echo "android_demo: could not fetch $ANDROID_DEB"; return 1; }
+  mkdir -p "$(dirname "$ANDROID_JAR")"
+  dpkg-deb --fsys-tarfile "$tmp/$ANDROID_DEB" | tar -xO ./usr/share/java/com.android.android-23.jar >"$ANDROID_JAR.part" \
+    && mv "$ANDROID_JAR.part" "$ANDROID_JAR" && rm -rf "$tmp"
+}
+# The official onnxruntime-android 1.29.0 AAR, as redistributed in a Unity plugin on npm (npm checks the
+# tarball's integrity; the hash pins the AAR); only its classes.jar is kept.
+ORT_JAR=$DEMO/.tools/onnxruntime-android-1.29.0/classes.jar
+ORT_NPM=com.github.asus4.onnxruntime@0.4.9
+ORT_AAR_SHA256=98cddbac92640b4a6af72a03c42e0491851f366d3da66bbaeb5dd66310946cf2
+fetch_ort_jar() {
+  local tmp=$DEMO/.tools/ort-npm aar=package/Plugins/Android/onnxruntime.aar
+  rm -rf "$tmp" && mkdir -p "$tmp" "$(dirname "$ORT_JAR")"
+  (cd "$tmp" && npm pack --silent "$ORT_NPM" >/dev/null) && tar -xzf "$tmp"/*.tgz -C "$tmp" "$aar" \
+    && echo "$ORT_AAR_SHA256  $tmp/$aar" | sha256sum -c --quiet \
+    || { echo "android_demo: could not fetch the ONNX Runtime Android AAR from npm $ORT_NPM"; return 1; }
+  unzip -p "$tmp/$aar" classes.jar >"$ORT_JAR.part" && mv "$ORT_JAR.part" "$ORT_JAR" && rm -rf "$tmp"
+}
+[ -f "$ANDROID_JAR" ] || fetch_android_jar
+[ -f "$ORT_JAR" ] || fetch_ort_jar
 ORT_LIB=$(.venv/bin/python -c 'import glob, os, onnxruntime as o; print(sorted(glob.glob(os.path.join(os.path.dirname(o.__file__), "capi", "libonnxruntime.so.*")))[0])')
 
 # --- the export under test: remade only when the pair, the exporter or the runtime changed ------------------
@@ -62,6 +105,20 @@ check() { if "$@" >"$BUILD/check.log" 2>&1; then passed=$((passed + 1)); else fa
 no_android_imports() { ! grep -rn 'import android\.' "$DEMO/core"; }
 check no_android_imports
 check "$DEMO/app/lint-resources.sh" "$BUILD/aapt2"
+# core + app sources against android.jar alone (-no-jdk), with ORT's Java API, kotlinx-coroutines and the
+# compile-only LiteRT-LM / DJL declarations of app/compile-stubs as libraries; R.java comes from the check above
+app_compiles() {
+  local stubs=$BUILD/compile-stubs coroutines=$K/lib/kotlinx-coroutines-core-jvm.jar
+  local r_java; r_java=$(find "$BUILD/aapt2/gen" -name R.java 2>/dev/null)
+  [ -n "$r_java" ] || { echo "no R.java under $BUILD/aapt2/gen: the resource check failed"; return 1; }
+  rm -rf "$stubs" && javac --release 17 -d "$stubs" $(find "$DEMO/app/compile-stubs" -name '*.java') \
+    && "$K/bin/kotlinc" -jvm-target 17 -nowarn $(find "$DEMO/app/compile-stubs" -name '*.kt') \
+      -cp "$stubs:$coroutines" -d "$stubs" || { echo "the compile stubs do not compile"; return 1; }
+  "$K/bin/kotlinc" -jvm-target 17 -nowarn -no-jdk "$DEMO/core/src/main/kotlin" "$DEMO/app/src/main/kotlin" "$r_java" \
+    -cp "$ANDROID_JAR:$ORT_JAR:$stubs:$coroutines" -d "$BUILD/app.jar" \
+    || { echo "android_demo: the app's Kotlin does not compile against Android API 23 (errors above)"; return 1; }
+}
+check app_compiles
 
 # --- JUnit 5 ---------------------------------------------------------------------------------------------
 set +e

@@ -5,6 +5,7 @@ import android.content.Intent
 import android.net.Uri
 import android.os.Bundle
 import android.provider.DocumentsContract
+import android.view.View
 import android.widget.Button
 import android.widget.CheckBox
 import android.widget.EditText
@@ -29,11 +30,11 @@ class MainActivity : Activity() {
     override fun onCreate(savedInstanceState: Bundle?) {
         super.onCreate(savedInstanceState)
         setContentView(R.layout.activity_main)
-        findViewById<TextView>(R.id.model).text = getString(R.string.model_hint) + "\nusing: $modelDir"
-        findViewById<Button>(R.id.pick).setOnClickListener {
+        view<TextView>(R.id.model).text = getString(R.string.model_hint) + "\nusing: $modelDir"
+        view<Button>(R.id.pick).setOnClickListener {
             startActivityForResult(Intent(Intent.ACTION_OPEN_DOCUMENT_TREE), PICK_FOLDER)
         }
-        findViewById<Button>(R.id.generate).setOnClickListener { generate() }
+        view<Button>(R.id.generate).setOnClickListener { generate() }
     }
 
     @Deprecated("framework Activity API; no androidx dependency in this demo")
@@ -46,9 +47,9 @@ class MainActivity : Activity() {
     }
 
     private fun generate() {
-        val prompt = findViewById<EditText>(R.id.prompt).text.toString()
-        val speculative = findViewById<CheckBox>(R.id.speculative).isChecked
-        val useOnnx = findViewById<RadioGroup>(R.id.backend).checkedRadioButtonId == R.id.backend_onnx
+        val prompt = view<EditText>(R.id.prompt).text.toString()
+        val speculative = view<CheckBox>(R.id.speculative).isChecked
+        val useOnnx = view<RadioGroup>(R.id.backend).checkedRadioButtonId == R.id.backend_onnx
         thread {
             try {
                 if (useOnnx) generateOnnx(prompt, speculative) else generateLiteRtLm(prompt, speculative)
@@ -105,11 +106,14 @@ class MainActivity : Activity() {
     }
 
     private fun show(text: String, stats: String) = runOnUiThread {
-        findViewById<TextView>(R.id.output).text = text
-        findViewById<TextView>(R.id.stats).text = stats
+        view<TextView>(R.id.output).text = text
+        view<TextView>(R.id.stats).text = stats
     }
 
-    private fun status(message: String) = runOnUiThread { findViewById<TextView>(R.id.stats).text = message }
+    private fun status(message: String) = runOnUiThread { view<TextView>(R.id.stats).text = message }
+
+    /** findViewById with the cast written out: its generic form is API 26, and test.sh compiles against API 23. */
+    private inline fun <reified T : View> view(id: Int): T = findViewById(id) as T
 
     override fun onDestroy() {
         closeRunners()

@@ -12,7 +12,9 @@ import java.io.File
 class OnnxRunner(dir: File, threads: Int = Runtime.getRuntime().availableProcessors()) : AutoCloseable {
     val manifest = ModelManifest.load(dir) // checks schema_version and every graph's sha256
     private val session = OrtAndroidSession(manifest, threads)
-    private val tokenizer = HuggingFaceTokenizer.newInstance(manifest.path(manifest.tokenizerFile).toPath())
+    // what DJL's newInstance(Path) does for a file; java.nio.file.Path is API 26 and test.sh compiles against 23
+    private val tokenizer = manifest.path(manifest.tokenizerFile).inputStream()
+        .use { HuggingFaceTokenizer.newInstance(it, null) }
 
     /** Ids as runtime/tokenizer.py encodes a plain prompt: no special tokens, then bos prepended. */
     fun encode(text: String): IntArray {

@@ -34,8 +34,10 @@ class OrtAndroidSession(manifest: ModelManifest, threads: Int) : GraphSession, A
         }
         try {
             sessions.getValue(graph).run(values, outputs.toSet()).use { result ->
+                // by name through the entries: Result.get(name) returns java.util.Optional, API 24 (test.sh uses 23)
+                val byName = result.associate { it.key to it.value }
                 return outputs.map { name ->
-                    val value = result.get(name).get() as OnnxTensor
+                    val value = byName.getValue(name) as OnnxTensor
                     val data = value.floatBuffer // a copy; every output of the exported graphs is float32
                     Tensor.of(value.info.shape, FloatArray(data.remaining()).also { data.get(it) })
                 }

@@ -1,0 +1,16 @@
+// Compile-only declaration (android_demo/test.sh's classpath, never packaged). Mirrors google-ai-edge/LiteRT-LM
+// kotlin/java/com/google/ai/edge/litertlm/Engine.kt at commit 35f580cfc234: the public members of Engine except
+// createSession and setNativeMinLogSeverity, which the app does not use.
+package com.google.ai.edge.litertlm
+
+class Engine(val engineConfig: EngineConfig) : AutoCloseable {
+  fun isInitialized(): Boolean = TODO("compile-only declaration")
+
+  fun initialize(): Unit = TODO("compile-only declaration")
+
+  override fun close(): Unit = TODO("compile-only declaration")
+
+  fun createConversation(
+    conversationConfig: ConversationConfig = ConversationConfig()
+  ): Conversation = TODO("compile-only declaration")
+}
