@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--reference-tokens", type=int, default=32, help="new tokens per reference prompt (default 32)")
     p.add_argument("--prefill-len", type=int, default=None,
                    help="LiteRT static prefill chunk length (default 128, or the KV capacity when that is smaller)")
-    p.add_argument("--num-draft", type=int, default=None,
+    p.add_argument("--max-draft", type=int, default=None,
                    help="LiteRT drafts per verify call, verify length = this + 1 (default: drafter's num_assistant_tokens, "
                         "capped by the KV capacity)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the graph-vs-PyTorch check")
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                        accuracy_level=args.accuracy_level, fuse=args.fuse, quality_gate=args.quality_gate,
                        target_revision=args.target_revision, drafter_revision=args.drafter_revision,
                        reference_tokens=args.reference_tokens, check=args.check, prefill_len=args.prefill_len,
-                       num_draft=args.num_draft, memory_budget=args.memory_budget, dtype=args.dtype)
+                       max_draft=args.max_draft, memory_budget=args.memory_budget, dtype=args.dtype)
     from .pipeline import export_model
 
     out = export_model(cfg)  # GraphParityError and QualityGateError are MtpkitErrors: one line, exit 2

@@ -46,7 +46,7 @@ class ExportConfig:
     reference_tokens: int = 32  # new tokens per reference prompt recorded from transformers
     check: bool = True  # verify every graph against PyTorch before declaring success
     prefill_len: int | None = None  # LiteRT: static prefill chunk (prompts padded / chunked); None: 128 or capacity
-    num_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
+    max_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
     memory_budget: float | None = None  # GiB the export may use at its peak (preflight.py); None: MemAvailable
     dtype: str = "auto"  # the target's weights while exporting: the checkpoint's own dtype, or fp32 | bf16 | fp16
 
@@ -66,8 +66,8 @@ class ExportConfig:
             backends = ("onnx", *backends)  # the ONNX graphs are the reference the export is checked against
         # role-table order (onnx first), each once
         object.__setattr__(self, "backend", tuple(b for b in BACKENDS if b in backends))
-        if any(v is not None and v < 1 for v in (self.prefill_len, self.num_draft)):
-            raise UsageError("--prefill-len and --num-draft must be >= 1")
+        if any(v is not None and v < 1 for v in (self.prefill_len, self.max_draft)):
+            raise UsageError("--prefill-len and --max-draft must be >= 1")
         if self.max_cache_len is not None and self.max_cache_len < MIN_CACHE_LEN:
             raise UsageError(f"--max-cache-len must be at least {MIN_CACHE_LEN}, got {self.max_cache_len}")
         if self.memory_budget is not None:
@@ -101,9 +101,9 @@ class ExportConfig:
             raise UsageError(f"the target holds only {max_positions} positions (max_position_embeddings); mtpkit "
                              f"needs a KV capacity of at least {MIN_CACHE_LEN}")
         prefill = _fit("--prefill-len", self.prefill_len, DEFAULT_PREFILL_LEN, cache, f"the KV capacity ({cache})")
-        num_draft = _fit("--num-draft", self.num_draft, drafter_k, cache - 1,
+        max_draft = _fit("--max-draft", self.max_draft, drafter_k, cache - 1,
                          f"the KV capacity ({cache}) less the verified token")
-        return replace(self, max_cache_len=cache, prefill_len=prefill, num_draft=num_draft)
+        return replace(self, max_cache_len=cache, prefill_len=prefill, max_draft=max_draft)
 
     def _check_quant(self, backends) -> None:
         object.__setattr__(self, "quant", "fp32" if self.quant == "none" else self.quant)

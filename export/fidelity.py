@@ -60,15 +60,15 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     return (np.exp(log_p) * (log_p - log_q)).sum(-1)
 
 
-def runtime_figures(folder: Path, reference: dict, num_draft: int = 4, backend: str | None = None) -> dict:
+def runtime_figures(folder: Path, reference: dict, num_assistant_tokens: int = 4, backend: str | None = None) -> dict:
     """The mtpkit runtime on an export: greedy prefix match with transformers' float greedy, drafter acceptance
-    and tokens per target call (speculative greedy, constant k = num_draft capped by a static verify length,
-    clean hand-off; recorded as `schedule` and `num_draft`, whatever schedule the drafter's config names)."""
+    and tokens per target call (speculative greedy, constant k = num_assistant_tokens capped by a static verify length,
+    clean hand-off; recorded as `schedule` and `num_assistant_tokens`, whatever schedule the drafter's config names)."""
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.bench import run_once
 
     engine = Engine(folder, threads=1, backend=backend)
-    num_draft = min(num_draft, engine.max_draft or num_draft)  # a static verify length caps k (LiteRT)
+    num_assistant_tokens = min(num_assistant_tokens, engine.max_draft or num_assistant_tokens)  # a static verify length caps k (LiteRT)
     prefix, diverged, drafted, accepted, new, calls = [], {}, 0, 0, 0, 0
     for p in reference["prompts"]:
         want, n = p["greedy_ids"], len(p["greedy_ids"])
@@ -77,13 +77,13 @@ def runtime_figures(folder: Path, reference: dict, num_draft: int = 4, backend: 
         prefix.append(first / n)
         if first < n:
             diverged[p["name"]] = first
-        stats = run_once(engine, p["prompt_ids"], GenConfig(max_new_tokens=n, num_assistant_tokens=num_draft,
+        stats = run_once(engine, p["prompt_ids"], GenConfig(max_new_tokens=n, num_assistant_tokens=num_assistant_tokens,
                                                             schedule="constant"))
         drafted, accepted, new, calls = (drafted + stats.drafted, accepted + stats.accepted,
                                          new + stats.new_tokens, calls + stats.target_calls)
     return {"greedy_prefix_match": float(np.mean(prefix)), "greedy_exact_prompts": sum(x == 1.0 for x in prefix),
             "prompts": len(prefix), "first_divergence": diverged, "acceptance": accepted / drafted if drafted else None,
-            "tokens_per_target_call": new / calls if calls else None, "schedule": "constant", "num_draft": num_draft}
+            "tokens_per_target_call": new / calls if calls else None, "schedule": "constant", "num_assistant_tokens": num_assistant_tokens}
 
 
 def check(manifest, target, float_figures: dict, gate: bool) -> dict:

@@ -114,7 +114,7 @@ def _graphs_checked(cfg: ExportConfig, job: ExportJob, phases: PhaseLog, sources
 def _job(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src) -> ExportJob:
     return ExportJob(cfg=cfg, folder=tmp, target=target, drafter=drafter, target_adapter=tad, drafter_adapter=dad,
                      target_folder=target_src.folder, kv_layers=tad.kv_layers(target.config),
-                     store=tad.store_layers(target.config), num_draft=cfg.num_draft)
+                     store=tad.store_layers(target.config), max_draft=cfg.max_draft)
 
 
 def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:

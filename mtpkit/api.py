@@ -28,7 +28,7 @@ def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **opti
       force=False            replace an existing `out`
       check=True             compare every graph with PyTorch and fail loudly on any difference
       reference_tokens=32    new tokens per prompt recorded from transformers for `mtpkit parity`
-      prefill_len=None, num_draft=None    LiteRT static shapes (prefill chunk: 128; drafts per verify call: the
+      prefill_len=None, num_assistant_tokens=None    LiteRT static shapes (prefill chunk: 128; drafts per verify call: the
                              drafter's num_assistant_tokens), each capped by the KV capacity when not given
       target_revision=None, drafter_revision=None     hub revisions
       memory_budget=None     GiB the export may use at its peak (default: MemAvailable); an export estimated to
@@ -57,11 +57,11 @@ def load(export_dir: str | Path, backend: str | None = None, threads: int | None
     return Model(Engine(export_dir, threads, backend))
 
 
-def gen_config(max_new_tokens: int = 64, mtp: bool = True, num_draft: int | str | None = None, temperature: float = 0.0,
+def gen_config(max_new_tokens: int = 64, mtp: bool = True, num_assistant_tokens: int | str | None = None, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> GenConfig:
     """The runtime's GenConfig for Model's keyword arguments; raises ValueError for a bad value.
 
-    mtp=False decodes without the drafter on the same target graph; num_draft is the draft length k per round
+    mtp=False decodes without the drafter on the same target graph; num_assistant_tokens is the draft length k per round
     (None or "auto": chosen each round by the cost model from measured call costs and observed acceptance, plain
     decoding when drafting does not pay); temperature 0 is greedy. Sampling is
     lossless: with or without mtp the output follows the target's distribution (greedy: identical tokens).
@@ -69,7 +69,7 @@ def gen_config(max_new_tokens: int = 64, mtp: bool = True, num_draft: int | str 
     from mtpkit.runtime.engine import GenConfig
     from mtpkit.runtime.sampling import SamplingConfig
 
-    return GenConfig(max_new_tokens=max_new_tokens, mtp=mtp, num_assistant_tokens=num_draft,
+    return GenConfig(max_new_tokens=max_new_tokens, mtp=mtp, num_assistant_tokens=num_assistant_tokens,
                      sampling=SamplingConfig(temperature, top_k, top_p, seed))
 
 
@@ -92,21 +92,21 @@ class Model:
         self.engine = engine  # manifest, sessions, KV cache and codec (mtpkit.runtime.engine.Engine)
         self.last_stats: dict | None = None  # Stats.summary() of the latest run, also one stopped early
 
-    def generate(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_draft: int | str | None = None,
+    def generate(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_assistant_tokens: int | str | None = None,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  chat: bool = False) -> Generation:
         """Generate a continuation of `prompt`; chat=True wraps it as one user turn in the chat template."""
-        cfg = gen_config(max_new_tokens, mtp, num_draft, temperature, top_k, top_p, seed)
+        cfg = gen_config(max_new_tokens, mtp, num_assistant_tokens, temperature, top_k, top_p, seed)
         return self._generation(self.engine.codec.encode(prompt, chat=chat), cfg)
 
-    def stream(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_draft: int | str | None = None,
+    def stream(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_assistant_tokens: int | str | None = None,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                chat: bool = False) -> Iterator[str]:
         """Like generate, but yields text deltas as tokens arrive; joined they equal generate's text.
 
         Arguments are checked now, not at the first next(); stats are in self.last_stats once the iterator ends.
         """
-        cfg = gen_config(max_new_tokens, mtp, num_draft, temperature, top_k, top_p, seed)
+        cfg = gen_config(max_new_tokens, mtp, num_assistant_tokens, temperature, top_k, top_p, seed)
         return self._deltas(self.engine.codec.encode(prompt, chat=chat), cfg)
 
     def chat(self, messages: list[dict], **options) -> Generation:

@@ -84,7 +84,7 @@ def litert_exports(tmp_path_factory, tiny_checkpoints):
             target, drafter = tiny_checkpoints(name)
             capacity = {} if "max_positions" in VARIANTS[name] else {"max_cache_len": 256}
             cache[name] = mtpkit.export_pair(target, drafter, root / name, backend="onnx,litert", reference_tokens=24,
-                                             prefill_len=16, num_draft=8, **capacity)
+                                             prefill_len=16, max_draft=8, **capacity)
         return cache[name]
 
     return get

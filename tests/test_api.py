@@ -45,8 +45,8 @@ def test_greedy_generate_matches_plain_decoding_and_the_cli(model, export_dir):
 
 
 def test_stream_deltas_join_to_the_generated_text(model):
-    full = model.generate(PROMPT, max_new_tokens=16, num_draft=2)
-    deltas = list(model.stream(PROMPT, max_new_tokens=16, num_draft=2))
+    full = model.generate(PROMPT, max_new_tokens=16, num_assistant_tokens=2)
+    deltas = list(model.stream(PROMPT, max_new_tokens=16, num_assistant_tokens=2))
     assert "".join(deltas) == full.text and len(deltas) > 1
     assert model.last_stats["new_tokens"] == len(full.token_ids)
 

@@ -19,17 +19,17 @@ def _cfg(tmp_path, **kw) -> ExportConfig:
 def test_shape_defaults_adapt_to_a_model_with_few_positions(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="mtpkit"):
         cfg = _cfg(tmp_path).fitted(max_positions=512, drafter_k=4)
-    assert (cfg.max_cache_len, cfg.prefill_len, cfg.num_draft) == (512, 128, 4)
+    assert (cfg.max_cache_len, cfg.prefill_len, cfg.max_draft) == (512, 128, 4)
     assert "--max-cache-len 512 (the default 4096 exceeds the target's max_position_embeddings (512))" in caplog.text
     small = _cfg(tmp_path, max_cache_len=16).fitted(max_positions=512, drafter_k=20)
-    assert (small.max_cache_len, small.prefill_len, small.num_draft) == (16, 16, 15)  # each default capped
+    assert (small.max_cache_len, small.prefill_len, small.max_draft) == (16, 16, 15)  # each default capped
     assert _cfg(tmp_path).fitted(max_positions=8192, drafter_k=4).max_cache_len == 4096  # the default when it fits
 
 
 @pytest.mark.parametrize("flags, message", [
     (dict(max_cache_len=600), "--max-cache-len 600 exceeds the target's max_position_embeddings (512); choose at most 512"),
     (dict(max_cache_len=64, prefill_len=65), "--prefill-len 65 exceeds the KV capacity (64); choose at most 64"),
-    (dict(max_cache_len=64, num_draft=64), "--num-draft 64 exceeds the KV capacity (64) less the verified token"),
+    (dict(max_cache_len=64, max_draft=64), "--max-draft 64 exceeds the KV capacity (64) less the verified token"),
 ])
 def test_values_the_user_gave_are_refused_when_they_do_not_fit(tmp_path, flags, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -154,9 +154,9 @@ def test_fidelity_measures_acceptance_with_constant_k_whatever_the_drafter_confi
 
     monkeypatch.setattr(bench, "run_once", spy)
     reference = json.loads((folder / "reference.json").read_text())
-    figures = fidelity.runtime_figures(folder, reference, num_draft=2)
+    figures = fidelity.runtime_figures(folder, reference, num_assistant_tokens=2)
     assert kinds and set(kinds) == {("constant", 2)}
-    assert (figures["schedule"], figures["num_draft"]) == ("constant", 2)
+    assert (figures["schedule"], figures["num_assistant_tokens"]) == ("constant", 2)
 
 
 @pytest.mark.slow

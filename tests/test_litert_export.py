@@ -131,7 +131,7 @@ def exported(request, tmp_path_factory):
     drafter = gemma4_assistant.load(resolve(str(ddir), "drafter"))
     out = root / "litert"
     out.mkdir()
-    info = backend.export_litert(tdir, drafter, target, out, prefill_len=PREFILL, cache_len=CACHE, num_draft=DRAFTS)
+    info = backend.export_litert(tdir, drafter, target, out, prefill_len=PREFILL, cache_len=CACHE, max_draft=DRAFTS)
     return {"out": out, "info": info, "target": target, "drafter": drafter, "target_dir": tdir}
 
 

@@ -30,7 +30,7 @@ class ExportJob:
     target_folder: Path  # the target's HF checkpoint folder
     kv_layers: tuple[KVLayer, ...]  # the target's KV-owning layers
     store: dict[str, int]  # layer type -> the store layer the drafter reads
-    num_draft: int  # drafts per verify call for static-shape backends
+    max_draft: int  # drafts per verify call for static-shape backends
 
     @property
     def hidden(self) -> int:

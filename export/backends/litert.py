@@ -163,21 +163,21 @@ def _bundle_with_drafter(drafter_path: Path):
 
 
 def export_target(checkpoint: Path, work: Path, drafter_path: Path, *, prefill_len: int, cache_len: int,
-                  num_draft: int) -> None:
-    """export_hf (float, external embedder, verify T=num_draft+1) into `work`, bundling the drafter."""
+                  max_draft: int) -> None:
+    """export_hf (float, external embedder, verify T=max_draft+1) into `work`, bundling the drafter."""
     hf = import_export_hf()
     with _bundle_with_drafter(drafter_path):
         hf.export.export(model=str(checkpoint), output_dir=str(work), keep_temporary_files=True,
                          prefill_lengths=[prefill_len], cache_length=cache_len, quantization_recipe="none",
                          externalize_embedder=True, assistant_model="mtpkit-drafter",
-                         mtp_verifier_step=num_draft + 1, use_jinja_template=True, bundle_litert_lm=True,
+                         mtp_verifier_step=max_draft + 1, use_jinja_template=True, bundle_litert_lm=True,
                          export_vision_encoder=False, export_audio_encoder=False)  # text path only
 
 
 def export(job: ExportJob) -> Backend:
     """The LiteRT graphs and .litertlm bundle into job.folder; their manifest entry."""
     info = export_litert(job.target_folder, job.drafter, job.target, job.folder, prefill_len=job.cfg.prefill_len,
-                         cache_len=job.cfg.max_cache_len, num_draft=job.num_draft)
+                         cache_len=job.cfg.max_cache_len, max_draft=job.max_draft)
     return manifest_entry(job.folder, info)
 
 
@@ -209,7 +209,7 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
         d = files[graph]["signatures"][name]
         sigs[key] = Signature(graph, [TensorSpec(**t) for t in d["inputs"]], [TensorSpec(**t) for t in d["outputs"]],
                               d.get("num_tokens"), name)
-    options = {k: info[k] for k in ("cache_len", "verify_len", "num_draft", "mask", "kv_cache", "drafter_visibility")}
+    options = {k: info[k] for k in ("cache_len", "verify_len", "max_draft", "mask", "kv_cache", "drafter_visibility")}
     options["prefill"] = names["prefill"]
     options["bundle"] = {"file": bundle, "sections": info["bundle"].get("sections")}
     return Backend("litert", "state", graphs, sigs, options)
@@ -224,7 +224,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
 
 
 def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, *, prefill_len: int,
-                  cache_len: int, num_draft: int) -> dict:
+                  cache_len: int, max_draft: int) -> dict:
     """Write target.tflite, embedder.tflite, per_layer_embedder.tflite, drafter.tflite and model.litertlm.
 
     Args:
@@ -244,7 +244,7 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
             checkpoint = gemma4_layout_checkpoint(target_dir, scratch / "checkpoint")
             work = scratch / "export_hf"
             export_target(checkpoint, work, out_dir / "drafter.tflite", prefill_len=prefill_len,
-                          cache_len=cache_len, num_draft=num_draft)
+                          cache_len=cache_len, max_draft=max_draft)
         for src, dst in (("model.tflite", "target.tflite"), ("embedder.tflite", "embedder.tflite"),
                          ("per_layer_embedder.tflite", "per_layer_embedder.tflite"),
                          ("model.litertlm", "model.litertlm")):
@@ -252,7 +252,7 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     info = describe(out_dir, target_model.config, prefill_len=prefill_len, cache_len=cache_len,
-                    num_draft=num_draft)
+                    max_draft=max_draft)
     return info
 
 
@@ -308,7 +308,7 @@ def describe_file(path: Path, kind: str, owners: list[int]) -> dict:
     return {"file": path.name, "bytes": path.stat().st_size, "signatures": signatures}
 
 
-def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, num_draft: int) -> dict:
+def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, max_draft: int) -> dict:
     layers = gemma4_text.kv_layers(target_config)
     owners = [d.layer for d in layers]
     files = {key: describe_file(out_dir / f"{key}.tflite", kind, owners) for key, kind in
@@ -331,7 +331,7 @@ def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, 
                        "per_layer_embed_prefill": [{"num_tokens": prefill_len,
                                                     "signature": f"prefill_per_layer_embedder_{prefill_len}"}],
                        "per_layer_embed_decode": "decode_per_layer_embedder"},
-        "cache_len": cache_len, "prefill_lens": [prefill_len], "verify_len": num_draft + 1, "num_draft": num_draft,
+        "cache_len": cache_len, "prefill_lens": [prefill_len], "verify_len": max_draft + 1, "max_draft": max_draft,
         "kv_cache": {"layers": layer_names, "store_layers": gemma4_text.store_layers(target_config), "dtype": "float32",
                      "key_layout": "[1, kv_heads, cache_len, head_dim]", "key_seq_axis": 2,
                      "value_layout": "[1, kv_heads, head_dim, cache_len] (transposed)", "value_seq_axis": 3,
