@@ -44,29 +44,31 @@ class MemoryBudgetError(MtpkitError):
     """An export whose estimated peak memory exceeds what is available; refused before any weight is loaded."""
 
 
-def check_int(name: str, value, low: int | None = None, high: int | None = None, hint: str = "") -> int:
+def check_int(name: str, value: object, low: int | None = None, high: int | None = None, hint: str = "") -> int:
     """value as an int if it is an integer within [low, high], else UsageError naming `name` (bools and floats
     are refused)."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise UsageError(f"{name} must be an integer {_bounds(low, high)} (got {value!r}){hint}")
-    if (low is not None and value < low) or (high is not None and value > high):
+    n = int(value)  # exact for any Integral, numpy's included
+    if (low is not None and n < low) or (high is not None and n > high):
         raise UsageError(f"{name} must be {_bounds(low, high)} (got {value!r}){hint}")
-    return int(value)
+    return n
 
 
-def check_number(name: str, value, low: float, high: float = math.inf, low_open: bool = False,
+def check_number(name: str, value: object, low: float, high: float = math.inf, low_open: bool = False,
                  hint: str = "") -> float:
     """value as a float if it is a finite real number within [low, high] ((low, high] with low_open), else
     UsageError naming `name`; NaN and infinities are refused."""
     bounds = f"in ({low:g}, {high:g}]" if low_open else _bounds(low, None if high == math.inf else high)
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise UsageError(f"{name} must be a number {bounds} (got {value!r}){hint}")
-    if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
+    x = float(value)
+    if not (math.isfinite(x) and (low < x if low_open else low <= x) and x <= high):
         raise UsageError(f"{name} must be {bounds}{' and finite' if high == math.inf else ''} (got {value!r}){hint}")
-    return float(value)
+    return x
 
 
-def _bounds(low, high) -> str:
+def _bounds(low: float | None, high: float | None) -> str:
     if low is not None and high is not None:
         return f"in [{low:g}, {high:g}]"
     return f">= {low:g}" if low is not None else f"<= {high:g}" if high is not None else ""

@@ -16,8 +16,11 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Sequence
+from typing import Generic, Sequence
 
+import numpy as np
+
+from .backends import Drafter, KVStore, Target, View
 from .cost_model import Costs, best_k, expected_tokens, round_cost, time_per_token
 
 CALIBRATION_LENGTHS = (1, 2, 3, 5, 9)  # target call lengths timed at start; others are interpolated
@@ -36,25 +39,27 @@ class CostMeter:
 
     def __init__(self, alpha: float | None = 0.1, decay: float = 0.95):
         self.alpha, self.decay = alpha, decay
-        self.est: dict = {}  # "draft", "plain_host" or call length t -> seconds (EWMA mode)
-        self.samples: dict | None = None if alpha else {}  # the same keys plus "host" -> [(k, s)] (median mode)
+        self.est: dict[str | int, float] = {}  # "draft", "plain_host" or call length t -> seconds (EWMA mode)
+        self.samples: dict[str | int, list] | None = None if alpha else {}  # the same plus "host" -> [(k, s)] (median)
         self._fit = (0.0,) * 5  # decayed sums over drafting rounds: weight, k, k*k, host, k*host
         self._round_start: float | None = None  # end of the previous target call
         self._calls_s, self._steps = 0.0, 0  # drafter steps since then, and their time
 
     def seed(self, draft_s: float, target_s: dict[int, float]) -> None:
         """Start values (from a calibration); the calls of the runs refine them."""
-        self.est.update({"draft": draft_s, **target_s})
+        self.est["draft"] = draft_s
+        self.est.update(target_s.items())
 
-    def _add(self, key, x: float) -> None:
+    def _add(self, key: str | int, x: float) -> None:
         if self.samples is not None:
             self.samples.setdefault(key, []).append(x)
             return
         old = self.est.get(key)
+        assert self.alpha is not None  # EWMA mode: samples is None only when alpha > 0
         # one slow call (a page fault, another process) must not swing the estimate: clip at 3x
         self.est[key] = x if old is None else old + self.alpha * (min(x, 3 * old) - old)
 
-    def value(self, key) -> float | None:
+    def value(self, key: str | int) -> float | None:
         if self.samples is not None and key in self.samples:
             return statistics.median(self.samples[key])
         return self.est.get(key)
@@ -87,11 +92,11 @@ class CostMeter:
         rounds of different k were seen, and a plain step costs what a drafting round's intercept does until
         one was seen."""
         if self.samples is not None:  # medians per k; a line through those of k >= 1
-            by_k = {}
+            by_k: dict[int, list[float]] = {}
             for k, h in self.samples.get("host", []):
                 by_k.setdefault(k, []).append(h)
             plain = statistics.median(by_k.pop(0)) if 0 in by_k else None
-            fit = [0.0] * 5
+            fit: Sequence[float] = [0.0] * 5
             for k, hs in by_k.items():
                 h = statistics.median(hs)
                 fit = [s + x for s, x in zip(fit, (1.0, k, k * k, h, k * h))]
@@ -110,7 +115,8 @@ class CostMeter:
         if draft is None or 1 not in lengths:
             return None
         plain_host, round_host, draft_host = self.host()
-        return Costs(draft, _fill({t: self.value(t) for t in lengths}, max_len), round_host, draft_host, plain_host)
+        measured = {t: v for t in lengths if (v := self.value(t)) is not None}
+        return Costs(draft, _fill(measured, max_len), round_host, draft_host, plain_host)
 
 
 def _fill(measured: dict[int, float], n: int) -> tuple[float, ...]:
@@ -257,37 +263,50 @@ class AutoPolicy:
         return max(1, min(self.max_wait, math.ceil(loss * burst / (self.probe_budget * plain))))
 
 
-class TimedTarget:
-    """The backend target, every call timed into a CostMeter; everything else passes through."""
+class TimedTarget(Generic[View]):
+    """The backend target, every call timed into a CostMeter; its other members read through."""
 
-    def __init__(self, target, meter: CostMeter):
+    def __init__(self, target: Target[View], meter: CostMeter):
         self._inner, self._meter = target, meter
 
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+    @property
+    def kv(self) -> KVStore[View]:
+        return self._inner.kv
 
-    def forward(self, ids: list[int], pos: int):
+    @property
+    def calls(self) -> int:
+        return self._inner.calls
+
+    @property
+    def max_draft(self) -> int | None:
+        return self._inner.max_draft
+
+    def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        return self._inner.positions_needed(prompt_len, max_new_tokens)
+
+    def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
         out = self._inner.forward(ids, pos)
         self._meter.target(len(ids), t0, time.perf_counter(), prefill=pos == 0)
         return out
 
 
-class TimedDrafter:
-    def __init__(self, drafter, meter: CostMeter):
+class TimedDrafter(Generic[View]):
+    def __init__(self, drafter: Drafter[View], meter: CostMeter):
         self._inner, self._meter = drafter, meter
 
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+    @property
+    def calls(self) -> int:
+        return self._inner.calls
 
-    def step(self, token: int, activations, pos: int, view):
+    def step(self, token: int, activations: np.ndarray, pos: int, view: View) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
         out = self._inner.step(token, activations, pos, view)
         self._meter.draft(time.perf_counter() - t0)
         return out
 
 
-def calibrate(target, drafter, meter: CostMeter, k_max: int, repeats: int = 3) -> None:
+def calibrate(target: Target[View], drafter: Drafter[View], meter: CostMeter, k_max: int, repeats: int = 3) -> None:
     """Time target calls of a few lengths and drafter steps on scratch cache slots; seed the meter with minima.
 
     Timing noise only ever adds (another process, a page fault), so the least of a few samples is the call's own

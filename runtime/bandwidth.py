@@ -26,6 +26,10 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Callable, Iterable
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GIB = 1 << 30
 
@@ -52,7 +56,7 @@ def read_bandwidth(threads: int = 1, size: int = 2 * GIB, repeats: int = 5) -> B
     return _result(seconds, threads, words.nbytes, "reduce")
 
 
-def _timed_pass(chunks: list, reduce) -> float:
+def _timed_pass(chunks: list, reduce: Callable[[np.ndarray], object]) -> float:
     """Wall seconds from a common start until every thread has reduced its chunk."""
     if len(chunks) == 1:
         start = time.perf_counter()
@@ -60,7 +64,7 @@ def _timed_pass(chunks: list, reduce) -> float:
         return time.perf_counter() - start
     barrier = threading.Barrier(len(chunks) + 1)
 
-    def work(chunk):
+    def work(chunk: np.ndarray) -> None:
         barrier.wait()
         reduce(chunk)
 
@@ -104,9 +108,10 @@ def _result(seconds: list[float], threads: int, nbytes: int, method: str) -> Ban
                      threads=threads, bytes=nbytes, method=method)
 
 
-def measure(thread_counts=(1,), size: int = 2 * GIB, repeats: int = 5, cross_check: bool = True) -> dict:
+def measure(thread_counts: Iterable[int] = (1,), size: int = 2 * GIB, repeats: int = 5,
+            cross_check: bool = True) -> dict:
     """{threads: {"reduce": Bandwidth, "gemv": Bandwidth}} for each thread count; gemv only with cross_check."""
-    result = {}
+    result: dict[int, dict[str, Bandwidth]] = {}
     for n in thread_counts:
         result[n] = {"reduce": read_bandwidth(n, size, repeats)}
         if cross_check:

@@ -13,6 +13,7 @@ import statistics
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable, Iterator
 
 from mtpkit.errors import UsageError
 from mtpkit.extras import require
@@ -31,7 +32,7 @@ DEFAULT_MAX_K = 8  # constant draft lengths a bench measures when the export all
 class BenchPrompt:
     category: str  # code | structured | rewrite | prose, or any name a --prompts file gives
     name: str
-    text: str | None = None
+    text: str = ""
     ids: tuple[int, ...] | None = None  # token ids instead of text (the export's reference prompts)
 
 
@@ -58,7 +59,7 @@ class BenchConfig:
     schedule: str | None = None
     peers: bool = False  # also time transformers and LiteRT-LM on the same prompts (runtime/peers.py)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.peers:  # before minutes of mtpkit's own bench: the transformers peers need torch
             require("export", "mtpkit bench --peers (transformers generate() is a peer)")
         if self.repeats < 1:
@@ -69,7 +70,7 @@ class BenchConfig:
         if self.max_new_tokens < 3:  # the cost model needs a decode call after the prefill's token to be timed
             raise UsageError(f"mtpkit bench needs --max-new-tokens >= 3 to time a decode call (got {self.max_new_tokens})")
 
-    def fitted(self, engine) -> "BenchConfig":
+    def fitted(self, engine: Engine) -> "BenchConfig":
         """max_k for this export: the default 8, or as many drafts as a static verify graph takes (LiteRT's 4 by
         default); an explicit --max-k beyond that is refused in one line instead of failing at its first run."""
         limit = engine.max_draft
@@ -84,11 +85,12 @@ class BenchConfig:
         return GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=self.num_assistant_tokens,
                          schedule=self.schedule)
 
-    def modes(self) -> dict:
+    def modes(self) -> dict[str | int, GenConfig]:
         """Every mode a repeat runs: plain, the speculative column, then constant k = 1..max_k."""
         if self.max_k is None:
             raise ValueError("BenchConfig.modes() needs max_k: fit the config to the export first (fitted)")
-        modes = {"plain": GenConfig(max_new_tokens=self.max_new_tokens, mtp=False), "spec": self.spec_config()}
+        modes: dict[str | int, GenConfig] = {"plain": GenConfig(max_new_tokens=self.max_new_tokens, mtp=False),
+                                             "spec": self.spec_config()}
         modes.update({k: GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=k, schedule="constant")
                       for k in range(1, self.max_k + 1)})
         return modes
@@ -135,7 +137,7 @@ def ms_per_token(stats: Stats) -> float:
 
 
 @contextmanager
-def metered(engine: Engine, meter: CostMeter):
+def metered(engine: Engine, meter: CostMeter) -> Iterator[CostMeter]:
     """Time the engine's calls into `meter` too (a median-mode meter: the whole bench of one prompt)."""
     saved = engine.target, engine.drafter
     engine.target, engine.drafter = TimedTarget(saved[0], meter), TimedDrafter(saved[1], meter)
@@ -145,9 +147,10 @@ def metered(engine: Engine, meter: CostMeter):
         engine.target, engine.drafter = saved
 
 
-def measure(engine: Engine, ids: list[int], modes: dict, repeats: int, progress=None) -> tuple[dict, CostMeter]:
+def measure(engine: Engine, ids: list[int], modes: dict[str | int, GenConfig], repeats: int,
+            progress: Callable[[str], None] | None = None) -> tuple[dict[str | int, list[Stats]], CostMeter]:
     """Runs of every mode, interleaved per repeat: {mode: [Stats per repeat]} and the meter of all their calls."""
-    runs = {mode: [] for mode in modes}
+    runs: dict[str | int, list[Stats]] = {mode: [] for mode in modes}
     with metered(engine, CostMeter(alpha=None)) as meter:
         for rep in range(repeats):
             for mode, cfg in modes.items():
@@ -157,7 +160,8 @@ def measure(engine: Engine, ids: list[int], modes: dict, repeats: int, progress=
     return runs, meter
 
 
-def sweep_prompt(engine: Engine, prompt: BenchPrompt, cfg: BenchConfig, progress=None) -> dict:
+def sweep_prompt(engine: Engine, prompt: BenchPrompt, cfg: BenchConfig,
+                 progress: Callable[[str], None] | None = None) -> dict:
     """Predicted and measured speed-up over plain decoding for k = 1..max_k and the speculative column (auto).
 
     Returns one JSON-ready row: ks[i] = {k, predicted_speedup, measured_speedup, ...}, chosen_k (the cost
@@ -165,10 +169,12 @@ def sweep_prompt(engine: Engine, prompt: BenchPrompt, cfg: BenchConfig, progress
     """
     ids = list(prompt.ids) if prompt.ids else engine.codec.encode(prompt.text)
     runs, meter = measure(engine, ids, cfg.modes(), cfg.repeats, progress)
+    assert cfg.max_k is not None  # modes() refuses a config not fitted to the export
     ks = list(range(1, cfg.max_k + 1))
     acceptance = conditional_acceptance([s for k in ks for s in runs[k]], cfg.max_k)
     acc = _filled(acceptance)
     costs = meter.costs(cfg.max_k + 1)
+    assert costs is not None  # the runs timed plain decode steps and drafter steps
     plain = statistics.median(ms_per_token(s) for s in runs["plain"])
     rows = []
     for pred in predict(costs, acc, ks):
@@ -215,12 +221,14 @@ def bench_prompt(engine: Engine, name: str, ids: list[int], cfg: BenchConfig) ->
     Returns the row of sweep_prompt without `ks`; predicted_speedup is for the configured constant k, or for
     the cost model's best k under auto / heuristic.
     """
-    modes = {"plain": GenConfig(max_new_tokens=cfg.max_new_tokens, mtp=False), "spec": cfg.spec_config()}
+    modes: dict[str | int, GenConfig] = {"plain": GenConfig(max_new_tokens=cfg.max_new_tokens, mtp=False),
+                                         "spec": cfg.spec_config()}
     run_once(engine, ids, modes["spec"])  # warm-up: first calls pay allocation and kernel selection
     runs, meter = measure(engine, ids, modes, cfg.repeats)
-    k_max = max(cfg.fitted(engine).max_k, *(d for s in runs["spec"] for d, _ in s.per_round), 1)
+    k_max = max(cfg.fitted(engine).max_k or 1, *(d for s in runs["spec"] for d, _ in s.per_round), 1)  # set by fitted
     acc = _filled(conditional_acceptance(runs["spec"], k_max))
     costs = meter.costs(k_max + 1)
+    assert costs is not None  # the runs timed plain decode steps and drafter steps
     k = cfg.num_assistant_tokens if isinstance(cfg.num_assistant_tokens, int) else best_k(costs, acc, k_max)
     pred = predict(costs, acc, [k])[0]
     row = {"prompt": name, "prompt_tokens": len(ids), **_spec_columns(runs["spec"], _median_ms(runs["plain"]))}
@@ -233,14 +241,15 @@ def _median_ms(runs: list[Stats]) -> float:
     return statistics.median(ms_per_token(s) for s in runs)
 
 
-def run_bench(export_dir, cfg: BenchConfig, prompts: list | None = None, threads: int | None = None,
-              backend: str | None = None, progress=None) -> dict:
+def run_bench(export_dir: str | Path, cfg: BenchConfig, prompts: list | None = None, threads: int | None = None,
+              backend: str | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Bench the given prompts (texts or BenchPrompts), or the built-in set (PROMPTS) when none are given.
 
     progress: optional callable(str) told what runs now (the CLI's stderr progress line).
     """
     engine = Engine(export_dir, threads, backend)
     cfg = cfg.fitted(engine)
+    assert cfg.max_k is not None  # fitted() sets it
     if cfg.peers:  # their checkpoints are found before minutes of mtpkit's own bench, not after
         from mtpkit.export.peers import resolve_sources
 
@@ -273,7 +282,7 @@ def _peer_prompt(engine: Engine, prompt: BenchPrompt) -> PeerPrompt:
 
 def summarize(rows: list[dict], max_k: int) -> dict:
     """Per category (and "all"): median predicted and measured speed-up per k, of auto, and the chosen k."""
-    groups = {}
+    groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(r["category"], []).append(r)
     groups["all"] = rows

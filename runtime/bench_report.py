@@ -6,11 +6,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from . import peers
 
 
-def _cell(pred, meas) -> str:
+def _cell(pred: float | None, meas: float | None) -> str:
     return "-" if pred is None or meas is None else f"{pred:.2f}/{meas:.2f}"
 
 
@@ -105,7 +106,7 @@ def plot(report: dict, path: Path) -> None:
 class Progress:
     """One stderr line rewritten in place; silent when quiet or when stderr is not a terminal."""
 
-    def __init__(self, quiet: bool, stream=None):
+    def __init__(self, quiet: bool, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
         self.on = not quiet and self.stream.isatty()
         self.start, self.width = time.perf_counter(), 0

@@ -162,7 +162,7 @@ def _stats_line(s: dict, mtp: bool) -> str:
     return line
 
 
-def _parity(args) -> int:
+def _parity(args: argparse.Namespace) -> int:
     from .parity import run_parity
 
     report = run_parity(args.dir, args.threads, args.backend)
@@ -179,7 +179,7 @@ def _parity(args) -> int:
     return 0 if report["ok"] else 1
 
 
-def _bench(args) -> int:
+def _bench(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, load_prompts, run_bench
     from .bench_report import Progress, write_report
 

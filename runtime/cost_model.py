@@ -26,7 +26,7 @@ class Costs:
     draft_host: float = 0.0  # host work per drafted token outside the step call (sampling the draft)
     plain_host: float = 0.0  # host work per plain decoding step outside the call (sampling, yielding the token)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.target:
             raise ValueError("Costs.target needs the cost of at least one target call (t = 1)")
         if min(self.draft, *self.target, self.round_host, self.draft_host, self.plain_host) < 0:

@@ -8,6 +8,7 @@ zero_points: w = (code - zero_point) * scale, codes 4-bit low nibble first (zero
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from mtpkit.errors import ManifestError
 class QuantizedTable:
     """Memory-mapped int4 / int8 blockwise table; `row(token)` -> float32 [H]."""
 
-    def __init__(self, entry: dict, folder):
+    def __init__(self, entry: dict, folder: str | Path):
         self.entry = entry
         self.bits = int(entry["bits"])
         if self.bits not in (4, 8):
@@ -54,7 +55,7 @@ class QuantizedTable:
         values = (codes - self.zero_point).astype(np.float32).reshape(scales.size, -1) * scales[:, None]
         return values.reshape(-1)[:self.hidden]
 
-    def rows(self, tokens) -> np.ndarray:
+    def rows(self, tokens: Sequence[int]) -> np.ndarray:
         """float32 [len(tokens), H]."""
         return np.stack([self.row(t) for t in tokens]) if len(tokens) else np.zeros((0, self.hidden), np.float32)
 

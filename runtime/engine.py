@@ -30,7 +30,7 @@ class GenConfig:
     kv_handoff: str = "clean"  # clean | hf (transformers' exact hand-off, for draft-by-draft comparison)
     sampling: SamplingConfig = SamplingConfig()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_int("--max-new-tokens", self.max_new_tokens, 1)
         if not isinstance(self.mtp, bool) or not isinstance(self.sampling, SamplingConfig):
             raise UsageError(f"mtp must be a bool and sampling a SamplingConfig (got {self.mtp!r}, {self.sampling!r})")
@@ -84,6 +84,7 @@ class Engine:
             return DraftSchedule("auto", policy.start(), cap, policy)
         gen = self.manifest.generation
         k = cfg.num_assistant_tokens or int(gen["num_assistant_tokens"])
+        assert isinstance(k, int)  # "auto" took the branch above
         kind = cfg.schedule or gen.get("num_assistant_tokens_schedule", "constant")
         cap = max(cfg.draft_cap, k)
         if self.max_draft is not None:  # static verify length (LiteRT): k + 1 tokens must fit in it
@@ -121,7 +122,7 @@ class Engine:
         eos = set(self.manifest.eos_ids)
         schedule = self.schedule(cfg) if cfg.mtp else None  # before counting calls: auto may calibrate first
         t0, d0 = self.target.calls, self.drafter.calls
-        if cfg.mtp:
+        if schedule is not None:
             tokens = speculative_generate(self.target, self.drafter, prompt_ids, sampler, schedule, cfg.max_new_tokens,
                                           eos, cfg.kv_handoff, stats)
         else:

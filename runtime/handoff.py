@@ -12,6 +12,8 @@ from mtpkit.errors import UsageError
 
 HANDOFF_MODES = ("clean", "hf")
 
+Ranges = dict[str, tuple[int, int]]  # layer type -> [lo, hi) of the cache positions the drafter attends to
+
 
 class CacheFullError(UsageError):
     """The prompt plus the tokens to generate do not fit the export's KV capacity."""
@@ -25,7 +27,7 @@ class LastCall:
     end: int = 0
 
 
-def drafter_ranges(pos: int, mode: str, last: LastCall, sliding_past: int, sliding_visible: int) -> dict:
+def drafter_ranges(pos: int, mode: str, last: LastCall, sliding_past: int, sliding_visible: int) -> Ranges:
     """[lo, hi) of cache positions the drafter attends to, per layer type.
 
     clean: only committed positions (< pos); full sees all of them, sliding the last W+1.

@@ -33,7 +33,7 @@ class TensorSpec:
     seq_axis: int | None = None  # sequence axis of a KV state tensor (LiteRT stores V transposed)
     layer_type: str | None = None  # sliding_attention | full_attention, for per-type tensors (drafter K/V, masks)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ManifestError(f"tensor {self.name!r} has role {self.role!r}, which this mtpkit does not know "
                                 "(an export from a newer mtpkit?); upgrade mtpkit or re-export with this version")
@@ -52,10 +52,10 @@ class Signature:
     num_tokens: int | None = None  # static token count, None when dynamic
     backend_name: str | None = None  # the graph's own signature name (LiteRT); None for ONNX
 
-    def input(self, role: str, layer: int | None = None) -> TensorSpec:
+    def input(self, role: str, layer: int | str | None = None) -> TensorSpec:  # layer: an index or a layer type
         return _find(self.inputs, role, layer)
 
-    def output(self, role: str, layer: int | None = None) -> TensorSpec:
+    def output(self, role: str, layer: int | str | None = None) -> TensorSpec:
         return _find(self.outputs, role, layer)
 
 
@@ -176,7 +176,7 @@ def _signature(d: dict) -> Signature:
     return Signature(**d)
 
 
-def _find(specs: list[TensorSpec], role: str, layer: int | None) -> TensorSpec:
+def _find(specs: list[TensorSpec], role: str, layer: int | str | None) -> TensorSpec:
     for t in specs:
         if t.role == role and (layer is None or t.layer == layer or t.layer_type == layer):
             return t

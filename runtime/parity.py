@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .engine import Engine, GenConfig
 from .manifest import ManifestError
@@ -31,7 +32,7 @@ def _first_mismatch(a: list, b: list) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _compare(prompt: str, name: str, got: list, want: list, **detail) -> Check:
+def _compare(prompt: str, name: str, got: list, want: list, **detail: int) -> Check:
     miss = _first_mismatch(got, want)
     return Check(prompt, name, miss is None, miss, detail)
 
@@ -61,7 +62,7 @@ def check_prompt(engine: Engine, entry: dict, max_new: int, draft_lengths: list[
     return checks
 
 
-def run_parity(export_dir, threads: int | None = None, backend: str | None = None) -> dict:
+def run_parity(export_dir: str | Path, threads: int | None = None, backend: str | None = None) -> dict:
     """Returns the report; report['ok'] is False on any mismatch."""
     engine = Engine(export_dir, threads, backend)
     ref_entry = engine.manifest.reference

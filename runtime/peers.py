@@ -13,7 +13,10 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .engine import Engine, GenConfig
 
 REFERENCE = "mtpkit onnx plain"  # whose greedy tokens every other row is compared with
 TIMING = "wall time of the whole generate call / new tokens (prefill included)"
@@ -42,11 +45,11 @@ class Peer:
     note: str = ""
 
 
-def mtpkit_peers(engine, plain_cfg, spec_cfg, threads) -> list[Peer]:
+def mtpkit_peers(engine: Engine, plain_cfg: GenConfig, spec_cfg: GenConfig, threads: object) -> list[Peer]:
     """mtpkit's plain and speculative rows on one open Engine (its backend names them)."""
     kind = engine.backend.kind
 
-    def runner(cfg):
+    def runner(cfg: GenConfig) -> Callable[[PeerPrompt], PeerOutput]:
         def run(prompt: PeerPrompt) -> PeerOutput:
             tokens = tuple(t for t, _ in engine.generate(list(prompt.ids), cfg))
             return PeerOutput(len(tokens), tokens)
@@ -63,11 +66,11 @@ def warm_up(peers: list[Peer], prompt: PeerPrompt) -> None:
         peer.run(prompt)
 
 
-def measure(peers: list[Peer], prompts: list[PeerPrompt], repeats: int, progress=None,
-            clock=time.perf_counter) -> dict:
+def measure(peers: list[Peer], prompts: list[PeerPrompt], repeats: int,
+            progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> dict:
     """{peer name: {prompt name: [(seconds, PeerOutput) per repeat]}}; every repeat runs every prompt on every
     peer, in the order given."""
-    runs = {p.name: {q.name: [] for q in prompts} for p in peers}
+    runs: dict[str, dict[str, list[tuple[float, PeerOutput]]]] = {p.name: {q.name: [] for q in prompts} for p in peers}
     for rep in range(repeats):
         for prompt in prompts:
             for peer in peers:
@@ -88,7 +91,7 @@ def summarize(peers: list[Peer], prompts: list[PeerPrompt], runs: dict, decode: 
     for peer in peers:
         per = []
         for q in prompts:
-            base = ms.get(peer.baseline, {}).get(q.name)
+            base = ms.get(peer.baseline, {}).get(q.name) if peer.baseline else None
             out = runs[peer.name][q.name][0][1]
             per.append({"prompt": q.name, "ms_per_token": ms[peer.name][q.name], "new_tokens": out.new_tokens,
                         "ratio": ms[peer.name][q.name] / base if base else None,
@@ -108,6 +111,7 @@ def _same(out: PeerOutput, ref: PeerOutput, decode: Callable) -> bool:
         return out.tokens == ref.tokens
     # text-only peers: the text must agree with mtpkit's where both have some and cover all but mtpkit's last token
     # (LiteRT-LM may leave the last token out of its text, or add a last draft round's tokens)
+    assert ref.tokens is not None  # the reference is mtpkit's plain row, which always has tokens
     text, short = out.text or "", decode(list(ref.tokens[:-1]))
     return texts_agree(text, decode(list(ref.tokens))) and len(text) >= len(short)
 
@@ -144,7 +148,7 @@ def table_rows(sec: dict) -> list[list[str]]:
     return rows
 
 
-def format_threads(threads) -> str:
+def format_threads(threads: object) -> str:
     if isinstance(threads, dict):
         return ",".join(f"{g} {n}" for g, n in threads.items())
     return str(threads)

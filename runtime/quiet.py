@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Iterator
 
 
 @contextlib.contextmanager
-def output_captured(what: str):
+def output_captured(what: str) -> Iterator[None]:
     """Send file descriptors 1 and 2 to a scratch file inside the block: litert-torch 0.10.0 prints progress trees
     and patch notices with print(), and TensorFlow / MLIR's C++ logging writes to fd 2 directly, so neither
     logging levels nor sys.stdout swaps can hide them. Replayed to stderr if the block raises (nothing is lost),

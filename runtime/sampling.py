@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from mtpkit.errors import ModelOutputError, check_int, check_number
 
@@ -38,7 +39,7 @@ class SamplingConfig:
         return self.temperature == 0
 
 
-def _as_logits(logits) -> np.ndarray:
+def _as_logits(logits: ArrayLike) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"logits must be a non-empty 1-D array (got shape {x.shape}); pass one position at a time")
@@ -50,7 +51,7 @@ def _as_logits(logits) -> np.ndarray:
     return x
 
 
-def _argmax(logits) -> int:
+def _argmax(logits: ArrayLike) -> int:
     """Greedy pick in one pass over the logits as they are: no float64 copy, no sort, no one-hot."""
     x = np.asarray(logits)
     if x.ndim != 1 or x.size == 0:
@@ -94,11 +95,11 @@ def _top_p(p: np.ndarray, top_p: float) -> np.ndarray:
 
 
 class Sampler:
-    def __init__(self, cfg: SamplingConfig):
+    def __init__(self, cfg: SamplingConfig) -> None:
         self.cfg = cfg
         self.rng = np.random.default_rng(cfg.seed)
 
-    def probs(self, logits) -> np.ndarray:
+    def probs(self, logits: ArrayLike) -> np.ndarray:
         """Processed float64 distribution: temperature, then top-k, then top-p (HF order)."""
         x = _as_logits(logits)
         if self.cfg.greedy:  # a one-hot; never np.eye(V): that is V*V floats (549 GB at Gemma's 262k vocab)
@@ -118,19 +119,19 @@ class Sampler:
         i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return i if i < p.size else int(np.flatnonzero(p)[-1])  # u*total rounded up to total
 
-    def pick(self, logits) -> int:
+    def pick(self, logits: ArrayLike) -> int:
         if self.cfg.greedy:
             return _argmax(logits)
         return self._sample(self.probs(logits))
 
-    def draft(self, logits) -> tuple[int, np.ndarray]:
-        """Drafter side: (token, q) with token ~ q; the verifier must get this same q."""
+    def draft(self, logits: ArrayLike) -> tuple[int, np.ndarray | None]:
+        """Drafter side: (token, q) with token ~ q; the verifier must get this same q (None when greedy)."""
         if self.cfg.greedy:  # greedy acceptance never reads q, so skip building it
             return _argmax(logits), None
         q = self.probs(logits)
         return self._sample(q), q
 
-    def accept(self, target_logits, draft_token: int, q: np.ndarray) -> tuple[bool, int | None]:
+    def accept(self, target_logits: ArrayLike, draft_token: int, q: np.ndarray | None) -> tuple[bool, int | None]:
         """One draft position. Returns (accepted, replacement or None)."""
         if self.cfg.greedy:
             best = _argmax(target_logits)
@@ -147,6 +148,6 @@ class Sampler:
         residual = np.maximum(p - q, 0.0)
         return False, self._sample(residual if residual.sum() > 0 else p)
 
-    def bonus(self, target_logits) -> int:
+    def bonus(self, target_logits: ArrayLike) -> int:
         """Token after all drafts were accepted: a plain sample from the target."""
         return self.pick(target_logits)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Callable
+from typing import Any, Callable, NoReturn
 
 from mtpkit.errors import ManifestError
 
@@ -23,7 +23,7 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16"
           "bool")
 
 
-def _fail(where: str, want: str, value) -> None:
+def _fail(where: str, want: str, value: object) -> NoReturn:
     try:
         shown = json.dumps(value)
     except (TypeError, ValueError):
@@ -33,14 +33,14 @@ def _fail(where: str, want: str, value) -> None:
 
 
 def integer(low: int = 0, high: int = INT32_MAX) -> Check:
-    def check(v, where):
+    def check(v: object, where: str) -> None:
         if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
             _fail(where, f"an integer >= {low}" if high == INT32_MAX else f"an integer in [{low}, {high}]", v)
     return check
 
 
 def typed(kind: type | tuple, want: str) -> Check:
-    def check(v, where):
+    def check(v: object, where: str) -> None:
         if not isinstance(v, kind) or (kind is not bool and isinstance(v, bool)):
             _fail(where, want, v)
     return check
@@ -54,20 +54,20 @@ def optional(check: Check) -> Check:
     return lambda v, where: None if v is None else check(v, where)
 
 
-def one_of(*values) -> Check:
-    def check(v, where):
+def one_of(*values: str) -> Check:
+    def check(v: object, where: str) -> None:
         if not isinstance(v, str) or v not in values:
             _fail(where, "one of " + ", ".join(values), v)
     return check
 
 
-def dtype(v, where) -> None:
+def dtype(v: object, where: str) -> None:
     if v not in DTYPES:
         _fail(where, "a dtype name (" + ", ".join(DTYPES) + ")", v)
 
 
 def items(check: Check, min_len: int = 0) -> Check:
-    def run(v, where):
+    def run(v: object, where: str) -> None:
         if not isinstance(v, list) or len(v) < min_len:
             _fail(where, f"a list{f' of at least {min_len} items' if min_len else ''}", v)
         for i, x in enumerate(v):
@@ -76,7 +76,7 @@ def items(check: Check, min_len: int = 0) -> Check:
 
 
 def mapping(check: Check, min_len: int = 0) -> Check:
-    def run(v, where):
+    def run(v: object, where: str) -> None:
         if not isinstance(v, dict) or len(v) < min_len:
             _fail(where, "an object" + (" with at least one entry" if min_len == 1 else
                                         f" with at least {min_len} entries" if min_len else ""), v)
@@ -86,7 +86,7 @@ def mapping(check: Check, min_len: int = 0) -> Check:
 
 
 def fields(required: dict[str, Check], optional_fields: dict[str, Check] | None = None) -> Check:
-    def run(v, where):
+    def run(v: Any, where: str) -> None:  # Any: DICT checks that v is a dict
         DICT(v, where)
         for key, check in required.items():
             if key not in v:
@@ -99,12 +99,12 @@ def fields(required: dict[str, Check], optional_fields: dict[str, Check] | None 
     return run
 
 
-def _shape_dim(v, where) -> None:
+def _shape_dim(v: object, where: str) -> None:
     if not (isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT32_MAX)):
         _fail(where, "a size (an integer >= 0) or a symbolic name", v)
 
 
-def _release(v, where) -> None:
+def _release(v: object, where: str) -> None:
     if not (isinstance(v, str) and re.fullmatch(r"\d+\.\d+", v)):
         _fail(where, 'a release like "1.20"', v)
 
@@ -158,7 +158,7 @@ def _check_kv_tensors(tensors: list[dict], layers: set, where: str) -> None:
             _fail(where, f"{role} tensors for every layer in kv_cache.layers", sorted(by_role[role]))
 
 
-def check_manifest(data) -> None:
+def check_manifest(data: Any) -> None:
     """Raise ManifestError naming the first field of `data` (parsed manifest.json) that a runtime cannot use."""
     if not isinstance(data, dict):
         _fail("the top level", "an object", data)

@@ -8,9 +8,12 @@ rejected drafts is `pos` moving forward by only n + 1: their K/V slots are simpl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Container, Iterator, Protocol
 
-from .backends import Drafter, Target
+import numpy as np
+
+from .backends import Drafter, KVStore, Target, View
+from .sampling import Sampler
 from .stats import Stats
 
 SCHEDULES = ("constant", "heuristic", "auto")
@@ -31,7 +34,7 @@ class DraftSchedule:
     cap: int = 16
     policy: DraftPolicy | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.kind!r}; use one of {', '.join(SCHEDULES)}")
         if (self.kind == "auto") != (self.policy is not None):
@@ -48,9 +51,9 @@ class DraftSchedule:
             self.k = min(self.cap, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
 
-def speculative_generate(target: Target, drafter: Drafter, prompt: list[int], sampler, schedule: DraftSchedule,
-                         max_new_tokens: int, eos_ids, kv_handoff: str = "clean",
-                         stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
+def speculative_generate(target: Target[View], drafter: Drafter[View], prompt: list[int], sampler: Sampler,
+                         schedule: DraftSchedule, max_new_tokens: int, eos_ids: Container[int],
+                         kv_handoff: str = "clean", stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
     """Yields (token, from_draft) until EOS or max_new_tokens; the output distribution is the target's."""
     stats = stats or Stats()
     logits, hidden = target.forward(prompt, 0)
@@ -73,9 +76,11 @@ def speculative_generate(target: Target, drafter: Drafter, prompt: list[int], sa
         pos, token, h, produced = pos + n + 1, next_token, hidden[n], produced + n + 1
 
 
-def _draft(drafter: Drafter, kv, kv_handoff: str, token: int, h, pos: int, k: int, sampler):
+def _draft(drafter: Drafter[View], kv: KVStore[View], kv_handoff: str, token: int, h: np.ndarray, pos: int, k: int,
+           sampler: Sampler) -> tuple[list[int], list[np.ndarray | None]]:
     """k drafter steps at a constant position, each fed its own sampled token and projected activations."""
-    drafts, qs = [], []
+    drafts: list[int] = []
+    qs: list[np.ndarray | None] = []
     if not k:  # a plain round (auto): no drafter view to slice
         return drafts, qs
     view = kv.drafter_view(pos, kv_handoff)
@@ -87,16 +92,18 @@ def _draft(drafter: Drafter, kv, kv_handoff: str, token: int, h, pos: int, k: in
     return drafts, qs
 
 
-def _accept(sampler, logits, drafts: list[int], qs) -> tuple[int, int]:
+def _accept(sampler: Sampler, logits: np.ndarray, drafts: list[int], qs: list[np.ndarray | None]) -> tuple[int, int]:
     """Accepted prefix length n and the target's token after it (correction or bonus)."""
     for i, (d, q) in enumerate(zip(drafts, qs)):
         ok, replacement = sampler.accept(logits[i], d, q)
         if not ok:
+            assert replacement is not None  # a rejection always brings the target's own token
             return i, replacement
     return len(drafts), sampler.bonus(logits[len(drafts)])
 
 
-def plain_generate(target: Target, prompt: list[int], sampler, max_new_tokens: int, eos_ids) -> Iterator[int]:
+def plain_generate(target: Target[object], prompt: list[int], sampler: Sampler, max_new_tokens: int,
+                   eos_ids: Container[int]) -> Iterator[int]:
     """The baseline: one target call per token on the same graphs."""
     logits, _ = target.forward(prompt, 0)
     pos, token = len(prompt), sampler.pick(logits[-1])

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Iterable, Iterator, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 def tokens_per_target_call(new_tokens: int, target_calls: int) -> float | None:
@@ -77,7 +80,7 @@ def conditional_acceptance(runs: list[Stats], n: int) -> list[float | None]:
     return [h / t if t else None for h, t in zip(hits, trials)]
 
 
-def timed(tokens, stats: Stats):
+def timed(tokens: Iterable[T], stats: Stats) -> Iterator[T]:
     """Wrap a token generator: record time to first token, per-token latencies and total time."""
     start = last = time.perf_counter()
     for item in tokens:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable, NoReturn
+
 from mtpkit.errors import UsageError
 
 from .manifest import Manifest, ManifestError
+
+if TYPE_CHECKING:
+    import jinja2
+    import jinja2.nodes
+    import jinja2.parser
 
 
 class TextCodec:
@@ -36,8 +43,9 @@ class TextCodec:
         if chat:
             return self.encode_chat([{"role": "user", "content": text}])
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if self.add_bos and (not ids or ids[0] != self.bos):
-            ids = [self.bos, *ids]
+        bos = self.bos if self.add_bos else None
+        if bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
         return ids
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
@@ -63,7 +71,7 @@ class TextCodec:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
-def _check_text(text) -> None:
+def _check_text(text: object) -> None:
     """Refuse what the tokenizer cannot take: a non-str, or lone surrogates (how Python passes on command-line
     bytes that are not UTF-8)."""
     if not isinstance(text, str):
@@ -92,7 +100,7 @@ class StreamDecoder:
         return delta
 
 
-def chat_environment():
+def chat_environment() -> jinja2.Environment:
     """A Jinja environment like transformers 5.24's apply_chat_template: sandboxed and immutable (a template from a
     hub checkpoint cannot reach Python objects or mutate its inputs), trim/lstrip blocks, loop controls, the
     `generation` tag, raise_exception, strftime_now and a tojson that does not escape HTML."""
@@ -106,15 +114,15 @@ def chat_environment():
     class Generation(jinja2.ext.Extension):  # {% generation %}...{% endgeneration %}: rendered as its body
         tags = {"generation"}
 
-        def parse(self, parser):
+        def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
-        def _body(self, caller):
+        def _body(self, caller: Callable[[], str]) -> str:
             return caller()
 
-    def raise_exception(message):
+    def raise_exception(message: str) -> NoReturn:
         raise jinja2.exceptions.TemplateError(message)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,

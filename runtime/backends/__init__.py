@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -20,18 +20,35 @@ from ..manifest import Manifest, ManifestError
 from ..roles import BACKENDS
 
 
-class KVStore(Protocol):
+# What a backend's drafter reads of the target's KV cache (ONNX: the K/V slices, LiteRT: mask ranges): each backend
+# has its own, so a target and a drafter pair up only when their views agree (checked by mypy, see pyproject.toml).
+View = TypeVar("View")
+View_co = TypeVar("View_co", covariant=True)
+View_contra = TypeVar("View_contra", contravariant=True)
+Feeds = dict[tuple[str, int | str | None], np.ndarray]  # a graph call's inputs or outputs, keyed by TensorSpec.key
+
+
+class KVStore(Protocol[View_co]):
     capacity: int  # positions the export's cache holds
     last: LastCall  # where the last target call wrote (for the hf hand-off)
 
-    def drafter_view(self, pos: int, mode: str):
-        """What the drafter may read when drafting for the newest token at `pos` (backend-specific handle)."""
+    def drafter_view(self, pos: int, mode: str) -> View_co:
+        """What the drafter may read when drafting for the newest token at `pos`."""
 
 
-class Target(Protocol):
-    kv: KVStore
-    calls: int  # graph calls so far (logical: a chunked prefill counts once)
-    max_draft: int | None  # drafts one verify call can take (None: any)
+class Target(Protocol[View_co]):
+    # properties: read-only, so a backend may hold them as plain attributes of a narrower type (ONNX: max_draft
+    # is always None); a settable Protocol attribute would have to match its type exactly
+    @property
+    def kv(self) -> KVStore[View_co]: ...
+
+    @property
+    def calls(self) -> int:
+        """Graph calls so far (logical: a chunked prefill counts once)."""
+
+    @property
+    def max_draft(self) -> int | None:
+        """Drafts one verify call can take (None: any)."""
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int: ...
 
@@ -39,14 +56,16 @@ class Target(Protocol):
         """Run ids at positions pos..; write their K/V; return logits [T, V] and activations [T, H]."""
 
 
-class Drafter(Protocol):
-    calls: int
+class Drafter(Protocol[View_contra]):
+    @property
+    def calls(self) -> int: ...
 
-    def step(self, token: int, activations: np.ndarray, pos: int, view) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, token: int, activations: np.ndarray, pos: int, view: View_contra) -> tuple[np.ndarray, np.ndarray]:
         """One draft step at a constant pos; returns logits [V] and the activations for the next step [H]."""
 
 
-def open_backend(manifest: Manifest, kind: str | None = None, threads: int | None = None) -> tuple[Target, Drafter]:
+def open_backend(manifest: Manifest, kind: str | None = None,
+                 threads: int | None = None) -> tuple[Target[Any], Drafter[Any]]:
     """Target and drafter of one backend of the export (default: onnx when present)."""
     name = kind or manifest.backend().kind
     info = BACKENDS.get(name)

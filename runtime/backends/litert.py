@@ -9,12 +9,17 @@ are positional, so that garbage is never visible and is overwritten later, exact
 from __future__ import annotations
 
 import os
+from typing import Callable, TypeAlias
 
 import numpy as np
 
-from ..handoff import CacheFullError, LastCall, drafter_ranges
+from ..handoff import CacheFullError, LastCall, Ranges, drafter_ranges
 from ..manifest import Backend, Manifest
 from ..quiet import output_captured
+from . import Drafter, Feeds, Target
+
+# the drafter's view of the cache: None for the clean hand-off (the draft graph masks in-graph), else hf's ranges
+RangesView: TypeAlias = Ranges | None
 
 
 class LiteRtSession:
@@ -24,15 +29,15 @@ class LiteRtSession:
         from ai_edge_litert.interpreter import Interpreter
 
         self.backend = backend
-        self._runners = {}
+        self._runners: dict[str, Interpreter] = {}
         for name, graph in backend.graphs.items():
             if not graph.file.endswith(".tflite"):
                 continue  # the .litertlm bundle is for LiteRT-LM, not for signature runners
             interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=threads or os.cpu_count() or 1)
             self._runners[name] = interp
-        self._cache = {}
+        self._cache: dict[str, Callable[..., dict[str, np.ndarray]]] = {}
 
-    def run(self, signature: str, feeds: dict) -> dict:
+    def run(self, signature: str, feeds: Feeds) -> Feeds:
         sig = self.backend.signatures[signature]
         inputs = {t.name: feeds[t.key] for t in sig.inputs}
         runner = self._cache.get(signature)
@@ -59,7 +64,7 @@ class StateKV:
         self.drafter_sliding = int(spec["drafter_sliding_visible"])
         self.last = LastCall()
 
-    def update(self, out: dict) -> None:
+    def update(self, out: Feeds) -> None:
         for key in self.tensors:
             self.tensors[key] = out[key]
 
@@ -69,7 +74,7 @@ class StateKV:
         rows = pos + np.arange(count)[:, None]
         return np.where(slots[None, :] <= rows, np.float32(0), self.hidden).astype(np.float32)[None, None]
 
-    def drafter_view(self, pos: int, mode: str):
+    def drafter_view(self, pos: int, mode: str) -> RangesView:
         """None selects the drafter graph's in-graph clean view; hf needs explicit [lo, hi) ranges."""
         if mode == "clean":
             return None
@@ -94,7 +99,7 @@ class StateTarget:
         prefill_end = -(-(prompt_len - 1) // n) * n  # padded prefill chunks
         return max(prefill_end, prompt_len + max_new_tokens + self.verify_len)  # a padded verify may overhang
 
-    def _call(self, signature: str, ids: list[int], pos: int) -> dict:
+    def _call(self, signature: str, ids: list[int], pos: int) -> Feeds:
         if pos + len(ids) > self.kv.capacity:
             raise CacheFullError(f"KV cache full: position {pos + len(ids)} is past the export's cache_len "
                                  f"{self.kv.capacity}; re-export with a larger --max-cache-len")
@@ -138,7 +143,7 @@ class StateDrafter:
         self.kv_keys = [t.key for t in sig.inputs if t.role.startswith("kv_")]
         self.calls = 0
 
-    def step(self, token: int, activations: np.ndarray, pos: int, view: dict | None) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, token: int, activations: np.ndarray, pos: int, view: RangesView) -> tuple[np.ndarray, np.ndarray]:
         emb, _ = embed(self.session, [token])  # the target's scaled embedding, from its embedder
         feeds = {("embeds_and_activations", None): np.concatenate([emb, activations.reshape(1, 1, -1)], axis=-1),
                  ("input_pos", None): np.asarray([pos], np.int32), **{k: self.kv.tensors[k] for k in self.kv_keys}}
@@ -157,14 +162,16 @@ def embed(session: LiteRtSession, ids: list[int]) -> tuple[np.ndarray, np.ndarra
     """Per-token lookups through the embedder signatures (as LiteRT-LM's embedding managers do)."""
     emb, ple = [], []
     for t in ids:
-        token = {("token_ids", None): np.asarray([[t]], np.int32)}
+        token: Feeds = {("token_ids", None): np.asarray([[t]], np.int32)}
         emb.append(session.run("embed_decode", token)[("embeddings", None)])
         if "per_layer_embed_decode" in session.backend.signatures:
             ple.append(session.run("per_layer_embed_decode", token)[("per_layer_embeddings", None)])
     return np.concatenate(emb, axis=1), (np.concatenate(ple, axis=1) if ple else None)
 
 
-def load(manifest: Manifest, backend: Backend, threads: int | None = None) -> tuple[StateTarget, StateDrafter]:
+def load(manifest: Manifest, backend: Backend,
+         threads: int | None = None) -> tuple[Target[RangesView], Drafter[RangesView]]:
+    """The runtime backend contract (runtime/backends/__init__.py), which mypy checks these classes against."""
     session = LiteRtSession(manifest, backend, threads)
     kv = StateKV(manifest, backend)
     return StateTarget(session, kv), StateDrafter(session, kv)

@@ -12,12 +12,21 @@ import contextlib
 import os
 import statistics
 import time
+from typing import TYPE_CHECKING, Callable, Iterator, TypeAlias, cast
 
 import numpy as np
 
 from ..embedding_table import QuantizedTable
 from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest, ManifestError
+from . import Drafter as DrafterProtocol
+from . import Feeds
+from . import Target as TargetProtocol
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+StoreView: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]]  # the drafter's view: store-layer K, V per layer type
 
 
 class OrtSession:
@@ -34,7 +43,7 @@ class OrtSession:
       preallocated buffers; past windows are passed as numpy views, so there is no large copy to save.
     """
 
-    def __init__(self, backend: Backend, sessions: dict, threads: dict[str, int]):
+    def __init__(self, backend: Backend, sessions: dict[str, ort.InferenceSession], threads: dict[str, int]):
         self.backend, self._sessions, self.threads = backend, sessions, threads
         self._run = {name: s.run for name, s in sessions.items()}  # the public API only
         # per signature: graph, (input name, feed key) pairs, output names and keys, resolved once
@@ -47,7 +56,7 @@ class OrtSession:
         return cls(backend, sessions, {name: threads for name in sessions})
 
     @staticmethod
-    def open_graph(manifest: Manifest, backend: Backend, graph: str, threads: int):
+    def open_graph(manifest: Manifest, backend: Backend, graph: str, threads: int) -> ort.InferenceSession:
         """One InferenceSession of a graph at `threads` intra-op threads, with the options above."""
         import onnxruntime as ort
 
@@ -64,7 +73,7 @@ class OrtSession:
         return ort.InferenceSession(str(manifest.path(backend.graphs[graph].file)), opts,
                                     providers=["CPUExecutionProvider"])
 
-    def run(self, signature: str, feeds: dict) -> dict:
+    def run(self, signature: str, feeds: Feeds) -> Feeds:
         """feeds and outputs are keyed by TensorSpec.key: (role, layer or layer type)."""
         graph, inputs, output_names, output_keys = self._io[signature]
         values = self._run[graph](output_names, {name: feeds[key] for name, key in inputs}, None)
@@ -75,7 +84,7 @@ _EXTRA_CONFIG: dict[str, str] = {}
 
 
 @contextlib.contextmanager
-def without_prepacking(enabled: bool = True):
+def without_prepacking(enabled: bool = True) -> Iterator[None]:
     """Sessions opened inside keep their MatMul weights where the model file maps them instead of packing a
     private copy. For fp32 graphs that copy is as large as the weights (E4B: ~18.6 GB beside the mapped file),
     which a one-off export session on a full-size model cannot afford; decode is as fast without it, a 5-token
@@ -90,7 +99,7 @@ def without_prepacking(enabled: bool = True):
         _EXTRA_CONFIG.update(before)
 
 
-def session_options():
+def session_options() -> ort.SessionOptions:
     """A plain SessionOptions carrying the scoped entries above (for export's own graph check), warnings off
     (an fp32 E2B's tied table logs a constant-folding notice per session)."""
     import onnxruntime as ort
@@ -130,15 +139,15 @@ class WindowKV:
         self._layers = [(k, v, self.types[layer] != "full_attention", ("past_key", layer), ("past_value", layer),
                          ("new_key", layer), ("new_value", layer)) for layer, (k, v) in self.buffers.items()]
 
-    def windows(self, pos: int) -> dict:
+    def windows(self, pos: int) -> Feeds:
         """Every layer's past window for a target call at `pos`, keyed as the call's feeds."""
-        lo, feeds = max(0, pos - self.sliding_past), {}
+        lo, feeds = max(0, pos - self.sliding_past), Feeds()
         for k, v, sliding, kkey, vkey, _, _ in self._layers:
             start = lo if sliding else 0
             feeds[kkey], feeds[vkey] = _contiguous(k[:, :, start:pos]), _contiguous(v[:, :, start:pos])
         return feeds
 
-    def commit(self, pos: int, count: int, out: dict) -> None:
+    def commit(self, pos: int, count: int, out: Feeds) -> None:
         """Write a call's new entries of every layer at pos..pos+count-1."""
         end = pos + count
         for k, v, _, _, _, knew, vnew in self._layers:
@@ -151,7 +160,7 @@ class WindowKV:
                 f"KV cache full: {pos + count} positions needed, export capacity is {self.capacity}; "
                 "shorten the prompt or --max-new-tokens, or re-export with a larger --max-cache-len")
 
-    def drafter_view(self, pos: int, mode: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def drafter_view(self, pos: int, mode: str) -> StoreView:
         """Store-layer K/V per layer type, as the drafter sees them when drafting for the token at `pos`."""
         view = {}
         for layer_type, (lo, hi) in drafter_ranges(pos, mode, self.last, self.sliding_past, self.drafter_sliding).items():
@@ -168,12 +177,12 @@ class Embeddings:
         path = manifest.path(e["file"])  # refuses a file outside the export folder
         self.scale = np.float32(e["scale"])
         if e["dtype"] in ("int4", "int8"):  # blockwise codes + scales, as the graph's GatherBlockQuantized reads them
-            self.table = QuantizedTable(e, path.parent)
-            self._row = self.table.row
+            self.table: QuantizedTable | np.memmap = QuantizedTable(e, path.parent)
+            self._row: Callable[[int], np.ndarray] = self.table.row
         else:
-            self.table = np.memmap(path, dtype=np.dtype(e["dtype"]), mode="r", offset=int(e.get("offset", 0)),
-                                   shape=tuple(e["shape"]))
-            self._row = self.table.view(np.ndarray).__getitem__  # memmap rows pay subclass overhead on every step
+            self.table = table = np.memmap(path, dtype=np.dtype(e["dtype"]), mode="r", offset=int(e.get("offset", 0)),
+                                           shape=tuple(e["shape"]))
+            self._row = table.view(np.ndarray).__getitem__  # memmap rows pay subclass overhead on every step
 
     def __call__(self, token: int) -> np.ndarray:
         return (np.asarray(self._row(token), np.float32) * self.scale).reshape(1, 1, -1)
@@ -209,13 +218,15 @@ class Drafter:
         self.session, self.embed = session, embeddings
         sig = session.backend.signatures["draft"]
         # (feed key, layer type, 0 for K / 1 for V) of each store-layer input, resolved once: this runs k times a round
-        self.store_inputs = [(t.key, t.layer_type, int(t.role == "store_value")) for t in sig.inputs
+        # (every store-layer input carries its layer type: the exporter writes it)
+        self.store_inputs = [(t.key, cast(str, t.layer_type), int(t.role == "store_value")) for t in sig.inputs
                              if t.role in ("store_key", "store_value")]
         self.calls = 0
 
-    def step(self, token: int, activations: np.ndarray, pos: int, view: dict) -> tuple[np.ndarray, np.ndarray]:
-        feeds = {("inputs_embeds", None): self.embed(token), ("activations", None): activations.reshape(1, 1, -1),
-                 ("input_pos", None): np.array([pos], np.int64)}
+    def step(self, token: int, activations: np.ndarray, pos: int, view: StoreView) -> tuple[np.ndarray, np.ndarray]:
+        feeds: Feeds = {("inputs_embeds", None): self.embed(token),
+                        ("activations", None): activations.reshape(1, 1, -1),
+                        ("input_pos", None): np.array([pos], np.int64)}
         for key, layer_type, kv in self.store_inputs:
             feeds[key] = view[layer_type][kv]
         out = self.session.run("draft", feeds)
@@ -223,7 +234,9 @@ class Drafter:
         return out[("logits", None)][0, -1], out[("projected_activations", None)][0, -1]
 
 
-def load(manifest: Manifest, backend: Backend, threads: int | None = None) -> tuple[Target, Drafter]:
+def load(manifest: Manifest, backend: Backend,
+         threads: int | None = None) -> tuple[TargetProtocol[StoreView], DrafterProtocol[StoreView]]:
+    """The runtime backend contract (runtime/backends/__init__.py), which mypy checks these classes against."""
     kv, embed = WindowKV(manifest), Embeddings(manifest, backend)
     cores = os.cpu_count() or 1
     if threads or cores == 1:
@@ -233,7 +246,7 @@ def load(manifest: Manifest, backend: Backend, threads: int | None = None) -> tu
     return Target(session, kv), Drafter(session, embed)
 
 
-def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embeddings, candidates,
+def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embeddings, candidates: tuple[int, ...],
                  repeats: int = 12) -> OrtSession:
     """Per graph, the thread count whose decode (target) or draft step (drafter) is faster; within 10% the fewer
     threads win: they leave cores to the host and to other processes, whose load can come and go after the pick
@@ -243,7 +256,8 @@ def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embe
     graph (a full-size export would start with twice the memory it runs with); the last candidate's sessions are
     kept where they win and only the other graphs are opened again."""
     order = sorted(candidates, reverse=True)
-    times: dict = {}
+    times: dict[int, dict[str, list[float]]] = {}
+    session: OrtSession | None = None
     for n in order:
         session = None  # the previous candidate's sessions are released before the next opens
         session = OrtSession.open(manifest, backend, n)
@@ -254,7 +268,8 @@ def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embe
         best = min(order, key=lambda n: statistics.median(times[n][role]))
         keep = statistics.median(times[order[-1]][role]) <= 1.10 * statistics.median(times[best][role])
         chosen[graph] = order[-1] if keep else best
-    sessions = dict(session._sessions)
+    assert session is not None
+    sessions, session = dict(session._sessions), None  # the last candidate's sessions, and nothing else, hold them
     for graph, n in chosen.items():
         if n != order[-1]:
             del sessions[graph]  # released before its winner opens
@@ -265,7 +280,7 @@ def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embe
 def _time_calls(session: OrtSession, kv: WindowKV, embed: Embeddings, repeats: int) -> dict[str, list[float]]:
     """Seconds of a decode call and a draft step, repeats times after two warm-up passes."""
     target, drafter = Target(session, kv), Drafter(session, embed)
-    pos, times = min(64, kv.capacity - 1), {"target": [], "drafter": []}
+    pos, times = min(64, kv.capacity - 1), {"target": [], "drafter": []}  # type: int, dict[str, list[float]]
     for rep in range(repeats + 2):
         t0 = time.perf_counter()
         _, hidden = target.forward([0], pos)
