@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mtpkit.errors import MtpkitError
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 
 log = logging.getLogger("mtpkit")
 
@@ -60,7 +61,8 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     return (np.exp(log_p) * (log_p - log_q)).sum(-1)
 
 
-def runtime_figures(folder: Path, reference: dict, num_assistant_tokens: int = 4, backend: str | None = None) -> dict:
+def runtime_figures(folder: Path, reference: dict, num_assistant_tokens: int = DEFAULT_NUM_ASSISTANT_TOKENS,
+                    backend: str | None = None) -> dict:
     """The mtpkit runtime on an export: greedy prefix match with transformers' float greedy, drafter acceptance
     and tokens per target call (speculative greedy, constant k = num_assistant_tokens capped by a static verify length,
     clean hand-off; recorded as `schedule` and `num_assistant_tokens`, whatever schedule the drafter's config names)."""
@@ -68,7 +70,7 @@ def runtime_figures(folder: Path, reference: dict, num_assistant_tokens: int = 4
     from mtpkit.runtime.bench import run_once
 
     engine = Engine(folder, threads=1, backend=backend)
-    num_assistant_tokens = min(num_assistant_tokens, engine.max_draft or num_assistant_tokens)  # a static verify length caps k (LiteRT)
+    num_assistant_tokens = fit_draft(num_assistant_tokens, engine.max_draft)
     prefix, diverged, drafted, accepted, new, calls = [], {}, 0, 0, 0, 0
     for p in reference["prompts"]:
         want, n = p["greedy_ids"], len(p["greedy_ids"])

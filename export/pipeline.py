@@ -16,6 +16,7 @@ import numpy as np
 from mtpkit import __version__
 from mtpkit.runtime.backends.onnx import without_prepacking
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 
 from . import backends as backends_pkg
 from . import fidelity
@@ -158,7 +159,7 @@ def _acceptance(manifest: Manifest, folder: Path, kind: str, max_k: int) -> list
     from mtpkit.runtime.stats import conditional_acceptance
 
     engine = Engine(folder, threads=1, backend=kind)
-    k = min(max_k, engine.max_draft or max_k)
+    k = fit_draft(max_k, engine.max_draft)
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
     runs = []
     for p in reference["prompts"]:
@@ -217,7 +218,7 @@ def _check_files(target_src: Source, drafter_src: Source) -> None:
 
 def _drafter_k(src: Source) -> int:
     """The drafter's own draft length (its generation_config's num_assistant_tokens)."""
-    return int(_json(src.folder / "generation_config.json").get("num_assistant_tokens") or 4)
+    return int(_json(src.folder / "generation_config.json").get("num_assistant_tokens") or DEFAULT_NUM_ASSISTANT_TOKENS)
 
 
 def _manifest(job: ExportJob, target_src: Source, drafter_src: Source, backends: dict, tokenizer: dict,

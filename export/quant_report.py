@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 
 from mtpkit.errors import UsageError
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 
 from .config import QUANT_RECIPES
 
@@ -154,7 +155,7 @@ def _speeds(cases: dict, reference: dict, max_new_tokens: int, repeats: int) -> 
     prompts = [p["prompt_ids"] for p in reference["prompts"]]
     modes = lambda engine: {"plain": GenConfig(max_new_tokens=max_new_tokens, mtp=False),  # noqa: E731
                             "speculative": GenConfig(max_new_tokens=max_new_tokens,
-                                                     num_assistant_tokens=min(4, engine.max_draft or 4))}
+                                                     num_assistant_tokens=fit_draft(DEFAULT_NUM_ASSISTANT_TOKENS, engine.max_draft))}
     times = {(case, mode): [] for case in engines for mode in ("plain", "speculative")}
     for round_ in tqdm(range(repeats + 1), desc="timing", unit="round"):
         for case, engine in engines.items():

@@ -22,6 +22,7 @@ import numpy as np
 
 from .backends import Drafter, KVStore, Target, View
 from .cost_model import Costs, best_k, expected_tokens, round_cost, time_per_token
+from .speculative import fit_draft
 
 CALIBRATION_LENGTHS = (1, 2, 3, 5, 9)  # target call lengths timed at start; others are interpolated
 
@@ -314,8 +315,7 @@ def calibrate(target: Target[View], drafter: Drafter[View], meter: CostMeter, k_
     while drafting is off) would mislead the model for long. The slots written lie beyond any position a run has
     committed when it reads them (prefill starts at 0), the same reason rollback needs no cleanup.
     """
-    limit = k_max + 1 if target.max_draft is None else min(k_max, target.max_draft) + 1
-    limit = min(limit, target.kv.capacity - 1)  # a small cache: the longest call that fits after position 1
+    limit = min(fit_draft(k_max, target.max_draft) + 1, target.kv.capacity - 1)  # a small cache: the longest call that fits after position 1
     lengths = sorted({t for t in CALIBRATION_LENGTHS if t <= limit} | {limit})
     pos = max(1, min(64, target.kv.capacity - limit))
     _, hidden = target.forward([0], pos)

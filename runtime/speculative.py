@@ -17,6 +17,12 @@ from .sampling import Sampler
 from .stats import Stats
 
 SCHEDULES = ("constant", "heuristic", "auto")
+DEFAULT_NUM_ASSISTANT_TOKENS = 4  # the draft length when a drafter's generation_config names none
+
+
+def fit_draft(k: int, max_draft: int | None) -> int:
+    """A draft length capped by the most drafts one verify call takes (None: a dynamic verify takes any)."""
+    return k if max_draft is None else min(k, max_draft)
 
 
 class DraftPolicy(Protocol):
@@ -30,7 +36,7 @@ class DraftSchedule:
     auto: `policy` (runtime/auto.py AutoPolicy) picks k each round from measured costs; k = 0 is a plain round."""
 
     kind: str = "constant"
-    k: int = 4
+    k: int = DEFAULT_NUM_ASSISTANT_TOKENS
     cap: int = 16
     policy: DraftPolicy | None = None
 

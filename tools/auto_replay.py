@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from mtpkit.runtime.speculative import fit_draft
+
 K_ORACLE = 8
 
 
 def oracle_depth(engine) -> int:
     """Drafts per oracle round: K_ORACLE, or fewer where the export's verify graph has a static length."""
-    return K_ORACLE if engine.max_draft is None else min(K_ORACLE, engine.max_draft)
+    return fit_draft(K_ORACLE, engine.max_draft)
 
 
 def accepted_runs(engine, ids: list[int], max_new_tokens: int) -> list[int]:
