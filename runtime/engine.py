@@ -62,9 +62,10 @@ class Engine:
         if threads is not None:
             check_int("--threads", threads, 1)
         self.manifest = load_manifest(export_dir)
-        self._raw = open_backend(self.manifest, backend, threads)  # (target, drafter) of the backend
+        # (target, drafter) as the backend opened them: calibration and tools call them without the meter
+        self.untimed = open_backend(self.manifest, backend, threads)
         self.meter = CostMeter()  # every call is timed (~1 us each): the auto schedule and `mtpkit bench` read it
-        self.target, self.drafter = TimedTarget(self._raw[0], self.meter), TimedDrafter(self._raw[1], self.meter)
+        self.target, self.drafter = TimedTarget(self.untimed[0], self.meter), TimedDrafter(self.untimed[1], self.meter)
         self.backend = self.manifest.backend(backend)
         self.kv = self.target.kv
         self.max_draft = self.target.max_draft
@@ -72,10 +73,10 @@ class Engine:
         self.policy: AutoPolicy | None = None  # the auto schedule's state, kept across runs (see auto_policy)
 
     @property
-    def threads(self) -> dict | None:
-        """Intra-op threads per graph as the backend opened them (ONNX: its per-graph pick); None when the
-        backend does not say (LiteRT: --threads or all cores)."""
-        return getattr(getattr(self._raw[0], "session", None), "threads", None)
+    def threads(self) -> dict[str, int]:
+        """Intra-op threads per graph as the backend opened them (ONNX: its per-graph pick; LiteRT: --threads or
+        all cores)."""
+        return dict(self.untimed[0].threads)
 
     def schedule(self, cfg: GenConfig) -> DraftSchedule:
         if cfg.auto:
@@ -99,7 +100,7 @@ class Engine:
             recorded = self.manifest.generation.get("acceptance_by_position") or ()  # the exporter's figure, if any
             prior = [min(1.0, max(0.0, float(a))) for a in recorded]
             self.policy = AutoPolicy(k_max, self.meter, prior=prior)
-            calibrate(*self._raw, self.meter, k_max)
+            calibrate(*self.untimed, self.meter, k_max)
         self.policy.k_max = k_max
         return self.policy
 

@@ -16,6 +16,20 @@ from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest
 from ..quiet import output_captured
 
+PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
+
+
+def default_threads(threads: int | None) -> int:
+    """Every graph runs with --threads, else all cores (LiteRT-LM, a peer, gets the same)."""
+    return threads or os.cpu_count() or 1
+
+
+def peers(manifest: Manifest, threads: int | None, max_new_tokens: int, stack) -> list:
+    """LiteRT-LM on the export's .litertlm bundle, speculative decoding off and on (runtime/backends/litert_lm.py)."""
+    from .litert_lm import litert_lm_peers
+
+    return litert_lm_peers(manifest, default_threads(threads), max_new_tokens, stack)
+
 
 class LiteRtSession:
     """ai_edge_litert Interpreter signature runners, one Interpreter per .tflite file."""
@@ -28,8 +42,9 @@ class LiteRtSession:
         for name, graph in backend.graphs.items():
             if not graph.file.endswith(".tflite"):
                 continue  # the .litertlm bundle is for LiteRT-LM, not for signature runners
-            interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=threads or os.cpu_count() or 1)
+            interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=default_threads(threads))
             self._runners[name] = interp
+        self.threads = {name: default_threads(threads) for name in self._runners}
         self._cache = {}
 
     def run(self, signature: str, feeds: dict) -> dict:
@@ -88,6 +103,10 @@ class StateTarget:
         self.verify_len = int(opts["verify_len"])
         self.max_draft = self.verify_len - 1
         self.calls = 0
+
+    @property
+    def threads(self) -> dict[str, int]:
+        return self.session.threads
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         n = self.prefill[-1]["num_tokens"]

@@ -15,9 +15,28 @@ import time
 
 import numpy as np
 
+from .. import schema
 from ..embedding_table import QuantizedTable
 from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest, ManifestError
+
+# What this backend reads of backends.onnx.options: the embedding table it shares with the target graph, and the
+# oldest ONNX Runtime its fused graphs run on
+OPTIONS = schema.fields(
+    {"embedding": schema.fields({"file": schema.STR, "dtype": schema.STR, "shape": schema.items(schema.integer(1), 2),
+                                 "scale": schema.NUMBER}, {"offset": schema.integer()})},
+    {"min_onnxruntime": schema.optional(schema.release)})
+
+
+def check_options(options: dict, where: str) -> None:
+    OPTIONS(options, where)
+
+
+def load_errors() -> tuple[type[BaseException], ...]:
+    """What ONNX Runtime raises for a graph file it cannot read."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+    return ort_errors.InvalidProtobuf, ort_errors.InvalidGraph, ort_errors.NoSuchFile, ort_errors.Fail
 
 
 class OrtSession:
@@ -60,6 +79,10 @@ class OrtSession:
         sessions = {name: ort.InferenceSession(str(manifest.path(graph.file)), opts, providers=["CPUExecutionProvider"])
                     for name, graph in backend.graphs.items()}
         return cls(backend, sessions, {name: threads for name in sessions})
+
+    def wrap_graph_calls(self, wrap) -> None:
+        """Replace each graph's own ONNX Runtime call by wrap(call) (tools/host_overhead.py times them)."""
+        self._run = {name: wrap(run) for name, run in self._run.items()}
 
     def run(self, signature: str, feeds: dict) -> dict:
         """feeds and outputs are keyed by TensorSpec.key: (role, layer or layer type)."""
@@ -185,6 +208,10 @@ class Target:
     def __init__(self, session: OrtSession, kv: WindowKV):
         self.session, self.kv = session, kv
         self.calls = 0
+
+    @property
+    def threads(self) -> dict[str, int]:
+        return self.session.threads
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         return prompt_len + max_new_tokens
