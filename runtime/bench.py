@@ -13,6 +13,7 @@ import statistics
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from mtpkit.errors import UsageError
 
@@ -230,7 +231,8 @@ def _median_ms(runs: list[Stats]) -> float:
 
 
 def run_bench(export_dir, cfg: BenchConfig, prompts: list | None = None, threads: int | None = None,
-              backend: str | None = None, progress=None, peers=None) -> dict:
+              backend: str | None = None, progress=None,
+              peers: Callable[[Engine, list[PeerPrompt], Callable | None], dict] | None = None) -> dict:
     """Bench the given prompts (texts or BenchPrompts), or the built-in set (PROMPTS) when none are given.
 
     progress: optional callable(str) told what runs now (the CLI's stderr progress line). peers: optional

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import closing
+from typing import TYPE_CHECKING
 
 from mtpkit.errors import MtpkitError, UsageError
 
 from .commands import draft_length, export_arguments
+
+if TYPE_CHECKING:
+    from .engine import Engine, GenConfig
 
 EPILOG = """Type a message and press Enter: the answer streams to stdout, then the same stats line as `mtpkit run`
 goes to stderr. The whole conversation is rendered with the export's chat template every turn, so it must fit
@@ -73,7 +77,7 @@ def _read_line() -> str | None:
     return text if text.strip() else None
 
 
-def _answer(engine, history: list[dict], cfg) -> str | None:
+def _answer(engine: Engine, history: list[dict], cfg: GenConfig) -> str | None:
     """Streams the assistant's answer to stdout, then its stats line to stderr, and returns it; None (after one
     line on stderr) when the turn cannot run, e.g. the conversation no longer fits the export's KV capacity."""
     from .stats import Stats, stats_line

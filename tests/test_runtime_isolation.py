@@ -112,6 +112,7 @@ def test_the_exporter_and_the_tiny_models_stay_out_of_the_cli_api_and_bench(fold
 def test_the_import_check_sees_imports_inside_functions_and_relative_ones(tmp_path):
     """The rule's own check: a function-level `from mtpkit.api import load` and `from ..commands import _x` count."""
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from mtpkit.api import load\n    from ..commands import _x\n    from .. import schema\n")
+    probe.write_text("def f():\n    from mtpkit.api import load\n    from ..commands import _x\n"
+                     "    from .. import schema\n")
     assert imports(probe, "mtpkit.runtime.backends.probe") == [
         ("mtpkit.api", "load", 2), ("mtpkit.runtime.commands", "_x", 3), ("mtpkit.runtime.schema", None, 4)]

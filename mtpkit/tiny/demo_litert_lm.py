@@ -3,9 +3,9 @@ model.litertlm with speculative decoding off and on, on the demo's held-out prom
 
 mtpkit's own LiteRT backend is the desktop reference (parity, the cost model); what a phone runs is LiteRT-LM,
 whose speculative decoding reads the bundle's MTP drafter section. Its rows come from `mtpkit bench --peers`
-(runtime/backends/litert_lm.py, runtime/peers.py): every repeat runs every prompt with speculation off, then on, so both see
-the same machine load; ms/token is the whole call's wall time over its new tokens (prefill included). Reported,
-never asserted.
+(runtime/backends/litert_lm.py, runtime/peers.py): every repeat runs every prompt with speculation off, then on,
+so both see the same machine load; ms/token is the whole call's wall time over its new tokens (prefill included).
+Reported, never asserted.
 """
 
 from __future__ import annotations

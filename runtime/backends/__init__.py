@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from types import ModuleType
 from typing import Protocol
 
 import numpy as np
@@ -39,7 +40,10 @@ class Target(Protocol):
     kv: KVStore
     calls: int  # graph calls so far (logical: a chunked prefill counts once)
     max_draft: int | None  # drafts one verify call can take (None: any)
-    threads: dict[str, int]  # intra-op threads of each graph file (manifest graph name) as the backend opened it
+
+    @property
+    def threads(self) -> dict[str, int]:
+        """Intra-op threads of each graph (by manifest graph name), as the backend opened it."""
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int: ...
 
@@ -74,6 +78,6 @@ def open_backend(manifest: Manifest, kind: str | None = None, threads: int | Non
                             f"({' '.join(str(e).split())[:300]}); re-export the model") from e
 
 
-def backend_module(kind: str):
+def backend_module(kind: str) -> ModuleType:
     """runtime/backends/<kind>.py (a kind from the role table)."""
     return importlib.import_module(f"{__name__}.{kind}")

@@ -8,12 +8,14 @@ are positional, so that garbage is never visible and is overwritten later, exact
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
 
 from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest
+from ..peers import Peer
 from ..quiet import output_captured
 
 PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
@@ -24,7 +26,7 @@ def default_threads(threads: int | None) -> int:
     return threads or os.cpu_count() or 1
 
 
-def peers(manifest: Manifest, threads: int | None, max_new_tokens: int, stack) -> list:
+def peers(manifest: Manifest, threads: int | None, max_new_tokens: int, stack: contextlib.ExitStack) -> list[Peer]:
     """LiteRT-LM on the export's .litertlm bundle, speculative decoding off and on (runtime/backends/litert_lm.py)."""
     from .litert_lm import litert_lm_peers
 

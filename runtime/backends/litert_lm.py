@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import os
 import sys
+from typing import Any, Callable
 
 from mtpkit.extras import require
 
@@ -22,7 +23,7 @@ def litert_lm_peers(manifest: Manifest, threads: int, max_new_tokens: int, stack
     terminal. The engines close when `stack` does.
     """
     require("litert", "the LiteRT-LM peers", ("litert_lm",))
-    import litert_lm
+    import litert_lm  # type: ignore[import-not-found, unused-ignore]  # no type information
 
     path = str(manifest.path(manifest.backend("litert").graphs["bundle"].file))
     atexit.register(_silent_exit)
@@ -39,7 +40,7 @@ def litert_lm_peers(manifest: Manifest, threads: int, max_new_tokens: int, stack
     return peers
 
 
-def _litert_lm_runner(engine, max_new_tokens: int):
+def _litert_lm_runner(engine: Any, max_new_tokens: int) -> Callable[[PeerPrompt], PeerOutput]:
     def run(prompt: PeerPrompt) -> PeerOutput:
         session = engine.create_session(apply_prompt_template=False, max_output_tokens=max_new_tokens)
         try:  # LiteRT-LM tokenizes the text itself (BOS added), as mtpkit's codec does
@@ -61,7 +62,7 @@ def _silent_exit() -> None:
     os.close(devnull)
 
 
-def _quietly_closed(engine) -> None:
+def _quietly_closed(engine: Any) -> None:
     with output_captured("LiteRT-LM close"):
         engine.close()
 

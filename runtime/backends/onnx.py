@@ -12,6 +12,7 @@ import contextlib
 import os
 import statistics
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class OrtSession:
                     for name, graph in backend.graphs.items()}
         return cls(backend, sessions, {name: threads for name in sessions})
 
-    def wrap_graph_calls(self, wrap) -> None:
+    def wrap_graph_calls(self, wrap: Callable[[Callable], Callable]) -> None:
         """Replace each graph's own ONNX Runtime call by wrap(call) (tools/host_overhead.py times them)."""
         self._run = {name: wrap(run) for name, run in self._run.items()}
 
