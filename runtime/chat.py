@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import closing
 from typing import TYPE_CHECKING
 
 from mtpkit.errors import MtpkitError, UsageError
@@ -87,11 +86,10 @@ def _answer(engine: Engine, history: list[dict], cfg: GenConfig) -> str | None:
     stats = Stats()
     try:
         run = engine.generate(engine.codec.encode_chat(list(history)), cfg, stats)
-        with closing(run):
-            for delta in text_deltas(engine.codec, (token for token, _ in run)):
-                parts.append(delta)
-                sys.stdout.write(delta)
-                sys.stdout.flush()
+        for delta in text_deltas(engine.codec, (token for token, _ in run)):
+            parts.append(delta)
+            sys.stdout.write(delta)
+            sys.stdout.flush()
     except MtpkitError as e:  # the session survives: the user can /reset and go on
         if parts:
             print(flush=True)

@@ -35,11 +35,33 @@ def _export_module() -> types.ModuleType:
     return module
 
 
+class ProtocolOnly:
+    """Only the members of a runtime Protocol (runtime/backends/__init__.py) of what it wraps: whatever reads more
+    of a backend's target, drafter or KV store fails on this backend."""
+
+    def __init__(self, inner, protocol):
+        self._inner, self._members = inner, {n for n in (*vars(protocol), *protocol.__annotations__)
+                                             if not n.startswith("_")}
+
+    def __getattr__(self, name):
+        if name not in self._members:
+            raise AttributeError(f"{name!r} is not in the Protocol")
+        return getattr(self._inner, name)
+
+
 def _runtime_module() -> types.ModuleType:
+    from mtpkit.runtime.backends import Drafter, KVStore, Target
     from mtpkit.runtime.backends import onnx as onnx_runtime
 
+    def load(manifest, backend, threads):
+        target, drafter = onnx_runtime.load(manifest, backend, threads)  # the graphs the relay entry names
+        wrapped = ProtocolOnly(target, Target)
+        wrapped._members.discard("kv")
+        wrapped.kv = ProtocolOnly(target.kv, KVStore)
+        return wrapped, ProtocolOnly(drafter, Drafter)
+
     module = types.ModuleType(f"mtpkit.runtime.backends.{KIND}")
-    module.load = onnx_runtime.load  # reads the graphs the manifest's relay entry names
+    module.load = load
     module.load_errors = onnx_runtime.load_errors
     module.check_options = onnx_runtime.check_options
     return module

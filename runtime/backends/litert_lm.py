@@ -23,7 +23,7 @@ def litert_lm_peers(manifest: Manifest, threads: int, max_new_tokens: int, stack
     terminal. The engines close when `stack` does.
     """
     require("litert", "the LiteRT-LM peers", ("litert_lm",))
-    import litert_lm  # type: ignore[import-not-found, unused-ignore]  # no type information
+    import litert_lm  # type: ignore[import-untyped, import-not-found, unused-ignore]  # no type information
 
     path = str(manifest.path(manifest.backend("litert").graphs["bundle"].file))
     atexit.register(_silent_exit)
