@@ -60,8 +60,8 @@ class ExportConfig:
                 raise UsageError(f"unknown backend {b!r}{_did_you_mean(b, BACKENDS)}; choose from {', '.join(BACKENDS)}")
         self._check_quant(backends)
         for b in backends:
-            if BACKENDS[b].extra:
-                require(BACKENDS[b].extra, f"--backend {b}")  # before any weights load, not minutes into the export
+            if BACKENDS[b].export_modules:  # before any weights load, not minutes into the export
+                require(BACKENDS[b].extra or "export", f"--backend {b}", BACKENDS[b].export_modules)
         if any(BACKENDS[b].export_needs_onnx for b in backends):
             backends = ("onnx", *backends)  # the ONNX graphs are the reference the export is checked against
         # role-table order (onnx first), each once

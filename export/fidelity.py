@@ -33,7 +33,7 @@ class QualityGateError(MtpkitError, ValueError):
     """A quantized export missed its recipe's gate; the message names the recipe and the figure."""
 
 
-def teacher_forced(folder: Path, target, reference: dict, backend: str = "onnx") -> dict:
+def teacher_forced(folder: Path, target, reference: dict, backend: str | None = None) -> dict:
     """A backend's quantized target graphs vs float PyTorch: each reference prompt is prefilled through the mtpkit
     runtime, then float greedy's continuation is fed one decode call per token (the same graphs users run,
     static LiteRT prefill lengths included); every continuation position's logits are compared."""
@@ -89,9 +89,9 @@ def runtime_figures(folder: Path, reference: dict, num_assistant_tokens: int = D
 
 
 def check(manifest, target, float_figures: dict, gate: bool) -> dict:
-    """Measure every backend of the quantized export, write FIDELITY_FILE, and enforce (or, without gate, warn
-    about) each backend's gate on its target recipe. ONNX's figures sit at the top level, other backends' under
-    their name. float_figures: backend kind -> runtime_figures of the float export, measured before quantizing.
+    """Measure every backend of the quantized export, write FIDELITY_FILE ({backend kind: its figures}), and
+    enforce (or, without gate, warn about) each backend's gate on its target recipe. float_figures: backend kind
+    -> runtime_figures of the float export, measured before quantizing.
     """
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
     report, failures = {}, []
@@ -105,10 +105,7 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
         figures["float_margin_at_divergence"] = _margins(target, reference, figures["runtime"]["first_divergence"])
         _log(kind, figures)
         failures += _gate_failure(kind, figures)
-        if kind == "onnx":
-            report.update(figures)
-        else:
-            report[kind] = figures
+        report[kind] = figures
     manifest.path(FIDELITY_FILE).write_text(json.dumps(report, indent=2) + "\n")
     if failures and gate:
         raise QualityGateError(failures[0])

@@ -4,16 +4,19 @@ is loaded, and a one-line refusal when it exceeds the memory available (MemAvail
 The model (bytes; W = the target's text weights + the drafter's at 4 bytes per parameter, H = the same weights as
 the exporter holds them: the target in --dtype, the drafter in fp32):
 
-    peak(phase) = BASE[backends] + H + W * GROWTH[phase]   (+ the stored copy of converted weights while loading)
-                                                            (+ the quantized weights while quantizing)
+    peak(phase) = base + H + W * growth(phase)   (+ the stored copy of converted weights while loading)
+                                                  (+ the quantized weights while quantizing)
     peak = max over the phases this export runs
+
+base and the growth of a backend's own phases (its graphs, its quantization) are that backend's MEMORY
+(export/backends/<kind>.py ExportMemory); the other phases' growth is GROWTH below.
 
 `--dtype auto` holds the target in fp32 when that fits the budget (PyTorch's phases run fastest), else in the
 checkpoint's own dtype (bf16 on the hub: half the bytes, the same graphs).
 
-BASE and GROWTH were measured with export/phases.py (the larger of VmHWM and a 20 ms VmRSS sampler, per phase) on
-the tiny fixtures: `mtpkit make-tiny --shape e2b` (weights ~3.5 MB: BASE) and `--shape e2b-wide` (0.15 B
-parameters, W = 0.57 GiB: GROWTH = (measured peak - BASE) / W - 1), on a 2-core Linux machine (torch 2.13,
+Bases and growths were measured with export/phases.py (the larger of VmHWM and a 20 ms VmRSS sampler, per phase) on
+the tiny fixtures: `mtpkit make-tiny --shape e2b` (weights ~3.5 MB: base) and `--shape e2b-wide` (0.15 B
+parameters, W = 0.57 GiB: growth = (measured peak - base) / W - 1), on a 2-core Linux machine (torch 2.13,
 onnxruntime, litert-torch 0.10). Figures and commands: docs/export-memory.md. Extrapolation to E2B (4.7 B text and
 drafter parameters, W = 17.5 GiB) is UNMEASURED: each phase's copies are assumed to scale with W, its fixed costs
 not to grow, and ONNX graphs over 2 GB (external data) to cost what small ones do.
@@ -21,6 +24,7 @@ not to grow, and ONNX graphs over 2 GB (external data) to cost what small ones d
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -28,6 +32,8 @@ from pathlib import Path
 
 from mtpkit.errors import CheckpointError, MemoryBudgetError
 
+from . import backends
+from .backends import ExportMemory
 from .checkpoint import Source, tensor_headers
 from .models import target_adapter
 from .phases import MB, human_bytes
@@ -35,15 +41,11 @@ from .phases import MB, human_bytes
 log = logging.getLogger("mtpkit")
 
 GB = 1 << 30  # --memory-budget is in GiB, like every size mtpkit prints
-# The process without weights: the interpreter, torch, transformers, onnx, onnxruntime (the tiny e2b export's
-# largest phase: 581 MB); litert adds litert-torch, TensorFlow Lite and ai-edge-quantizer (953 MB).
-BASE = {"onnx": 600 * MB, "litert": 1000 * MB}
-# Extra copies of W at each phase's peak beyond the model itself; e2b-wide's measured peak in MiB (W = 580.5):
+# Extra copies of W at each phase's peak beyond the model itself; e2b-wide's measured peak in MiB (W = 580.5). Each
+# backend's own phases (graphs, quantize) and its base are its MEMORY (export/backends/<kind>.py).
 GROWTH = {
     "load": 0.0,  # the model takes the read tensors over (assign=True); + the stored copy of converted files
     #               (bf16 file held fp32: 1263 = base + W + the bf16 copy; held as stored: mmapped, read lazily: 397)
-    "onnx graphs": 0.15,  # streamed (onnx_stream.py): the IR, one tensor in flight (fp32 held 1159, bf16 held 971)
-    "litert graphs": 4.3,  # export_hf loads the checkpoint again and converts it to flatbuffers (4078, 4084)
     "reference": 0.2,  # transformers generate(); bf16 held: each weight upcast as used (fp32 1119, bf16 993)
     # ONNX Runtime sessions of the fp32 graphs beside the PyTorch model, their weights mapped, not prepacked
     # (without_prepacking: 1750; 1881 prepacked)
@@ -51,39 +53,20 @@ GROWTH = {
     # the runtime on the final graphs; runs with --no-check too (fp32: 1871). For quantized graphs: their
     # weights x this, or QUANTIZED_RESIDUE x W if larger (int4: 1352)
     "acceptance": 1.25,
-    # the float graphs loaded again and quantized beside them, then measured (int4: onnx 2321; onnx + litert 3994)
-    "onnx quantize": 1.8,
-    # int8 / int4 are packed tensor by tensor from the float graph's mapped data (onnx_stream.py), the float
-    # graphs run unpacked for the reference figures (e2b-wide int4: 1787; 2321 loading the graph whole)
-    "onnx quantize streamed": 1.0,
-    "litert quantize": 3.0,
 }
 # What the quantize phase leaves resident (the allocator keeps freed pages) under the acceptance phase's quantized
 # graphs, in W: e2b-wide int4's acceptance measured 1352 MiB, base + model + 0.3 W
 QUANTIZED_RESIDUE = 0.3
-# ONNX int8-dynamic's quantize_dynamic reads its own shape-inferred copy of the float graph: e2b-wide's quantize
-# phase peaked at 3010 MiB against int4's 2321 (docs/export-memory.md)
-DYNAMIC_QUANTIZE_EXTRA = 1.1
 # Stored bytes per weight; the blockwise recipes add one fp32 scale per block (int8-dynamic: one per output channel)
 BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "int8-dynamic": 1}
 BLOCKWISE = ("int8", "int4")
-STREAMED = ("int8", "int4")  # ONNX recipes quantized tensor by tensor; fp16 and int8-dynamic load the whole graph
-# What stays resident after the LiteRT phase, in W: the phases after it measured ~1 W above the ONNX-only export's
-# (reference 2189 vs 1137, check 2844 vs 1881, beyond the larger BASE); freed memory the allocator keeps, or a copy.
-LITERT_KEPT = 1.0
 ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                  "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-# Anonymous memory (RssAnon: what the kernel cannot drop and re-read, so what gets a process OOM-killed) per ONNX
-# phase: fixed MiB + growth x W (session phases: W less the mapped PLE table), beyond a held copy converted from the
-# stored dtype (held as stored, the target stays in the checkpoint's memory map) and, while quantizing, the
-# quantized weights. Fitted through e2b-wide (W = 580 MiB) and the full-size E2B (W = 17954 MiB), both int4 and held
-# as stored, plus 20% (docs/export-memory.md, "Resident and anonymous"). LiteRT phases, the recipes that load a
-# whole graph (fp16, int8-dynamic) and an fp32 export's acceptance (prepacked sessions) get no credit for mapped
-# pages: anonymous = resident there.
-ANON = {"load": (330, 0.021), "onnx graphs": (600, 0.028), "reference": (420, 0.173), "check": (235, 0.52),
-        "quantize": (450, 0.28), "acceptance": (410, 0.51)}
+# Anonymous memory (RssAnon: what the kernel cannot drop and re-read, so what gets a process OOM-killed) is
+# estimated where a backend measured it (ExportMemory.anonymous); elsewhere, and for an fp32 export's acceptance
+# (prepacked sessions), anonymous = resident.
 
 # Phases that open ONNX Runtime sessions, which map a Gather-only table (the PLE table) instead of copying it
 SESSION_PHASES = ("check", "acceptance", "quantize")
@@ -139,23 +122,25 @@ def _size(name: str, entry, folder: Path) -> tuple[int, int]:
                               "(or a dtype mtpkit cannot load); re-download the checkpoint") from None
 
 
+def memory(kind: str) -> ExportMemory:
+    """A backend's memory figures: MEMORY of export/backends/<kind>.py."""
+    return importlib.import_module(f"{backends.__name__}.{kind}").MEMORY
+
+
 def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     """Estimated peak bytes of each phase this export (cfg: ExportConfig) runs, in order, with the target's
     weights held in dtype (fp32 | bf16 | fp16)."""
-    base, held = BASE["onnx"], w.held(dtype)  # litert-torch and TensorFlow Lite are imported by the LiteRT phase
+    mems = {kind: memory(kind) for kind in cfg.backend}
+    # before the graphs phases, the lightest backend's modules: each imports its own in its phase (litert-torch)
+    base, held = min(m.base for m in mems.values()), w.held(dtype)
     out = {"load": int(base + held + w.load_extra(dtype))}
-    for kind in cfg.backend:
-        out[f"{kind} graphs"] = int(max(base, BASE[kind]) + held + w.fp32 * GROWTH[f"{kind} graphs"])
-        if kind == "litert":
-            base = BASE["litert"] + LITERT_KEPT * w.fp32
+    for kind, m in mems.items():
+        out[f"{kind} graphs"] = int(max(base, m.base) + held + w.fp32 * m.graphs)
+        base = max(base, m.base + m.kept * w.fp32)
     quantized = {cfg.quant, cfg.drafter_quant} != {"fp32"}
     later = [("reference", 0), ("check", 0) if cfg.check else None,
              ("quantize", quantized_bytes(cfg, w)) if quantized else None, ("acceptance", 0)]
-    streamed = {cfg.quant, cfg.drafter_quant} <= {"fp32", *STREAMED}
-    onnx = GROWTH["onnx quantize streamed" if streamed else "onnx quantize"]
-    growth = {**GROWTH, "quantize": max(onnx if kind == "onnx" else GROWTH[f"{kind} quantize"] for kind in cfg.backend)}
-    if "int8-dynamic" in (cfg.quant, cfg.drafter_quant) and "onnx" in cfg.backend:
-        growth["quantize"] = max(growth["quantize"], GROWTH["onnx quantize"] + DYNAMIC_QUANTIZE_EXTRA)
+    growth = {**GROWTH, "quantize": max(m.quantize({cfg.quant, cfg.drafter_quant}) for m in mems.values())}
     # ONNX Runtime maps a Gather-only table (the PLE table) instead of copying it: only the rest grows these phases
     # (the full-size E2B's acceptance phase peaked at 14.4 GB, where W x (1 + 1.25) would say 40 GiB)
     grows = {name: w.fp32 - (4 * w.ple if name in SESSION_PHASES else 0) for name in growth}
@@ -167,14 +152,16 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
 
 
 def anonymous(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
-    """Estimated peak anonymous bytes of each phase (see ANON): the part of phases() that cannot be paged out."""
+    """Estimated peak anonymous bytes of each phase: the part of phases() that cannot be paged out, where the
+    export's one backend measured it for these recipes (ExportMemory.anonymous); else all of phases()."""
     rss = phases(cfg, w, dtype)
-    if cfg.backend != ("onnx",) or not {cfg.quant, cfg.drafter_quant} <= {"fp32", *STREAMED}:
+    fit = memory(cfg.backend[0]) if len(cfg.backend) == 1 else None
+    if fit is None or fit.anonymous is None or not {cfg.quant, cfg.drafter_quant} <= fit.anonymous_recipes:
         return rss
     held = w.held(dtype) if dtype != w.stored else 0  # a converted copy; held as stored it stays mapped
     out = {}
     for name in rss:
-        fixed, growth = ANON[name]
+        fixed, growth = fit.anonymous[name]
         grows = w.fp32 - (4 * w.ple if name in SESSION_PHASES else 0)
         out[name] = int(fixed * MB + held + growth * grows)
     out["load"] += w.load_extra(dtype)
@@ -299,12 +286,12 @@ def _refusal(cfg, w: Weights, estimate: Estimate) -> str:
 
 
 def alternatives(cfg, w: Weights, dtype: str = "fp32") -> list[tuple[tuple[str, ...], int]]:
-    """(flags, estimated anonymous peak) of the exports one or two flags away from cfg (--backend onnx, another --quant,
-    the target held in its stored bf16/fp16 instead of fp32), fewest changes first, then smallest. --no-check is
-    no option: the acceptance phase loads the graphs anyway."""
+    """(flags, estimated anonymous peak) of the exports one or two flags away from cfg (only the first backend,
+    another --quant, the target held in its stored bf16/fp16 instead of fp32), fewest changes first, then smallest.
+    --no-check is no option: the acceptance phase loads the graphs anyway."""
     options = []
     held = [None, w.stored] if dtype == "fp32" and w.stored in ("bf16", "fp16") else [None]
-    for backend in ([None, ("onnx",)] if cfg.backend != ("onnx",) else [None]):
+    for backend in ([None, cfg.backend[:1]] if len(cfg.backend) > 1 else [None]):
         for recipe in [None, *(r for r in ("fp32", "fp16", "int8", "int4") if r != cfg.quant)]:
             for stored in held:
                 changes = {k: v for k, v in (("backend", backend), ("quant", recipe), ("dtype", stored)) if v}

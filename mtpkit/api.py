@@ -127,19 +127,10 @@ class Model:
         return self._stream_deltas(prompt_ids, cfg)
 
     def _stream_deltas(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[str]:
-        from mtpkit.runtime.tokenizer import StreamDecoder
+        from mtpkit.runtime.tokenizer import text_deltas
 
-        decoder = StreamDecoder(self.engine.codec)
         with closing(self._tokens(prompt_ids, cfg)) as tokens:  # a caller that stops early still gets last_stats
-            for token in tokens:
-                delta = decoder.push(token)
-                if delta:
-                    yield delta
-        # StreamDecoder holds back a trailing U+FFFD (it may be half a character); at the end it is final text,
-        # and generate() keeps it, so the joined deltas must too.
-        tail = self.engine.codec.decode(decoder.ids)[len(decoder.emitted):]
-        if tail:
-            yield tail
+            yield from text_deltas(self.engine.codec, tokens)
 
     def _tokens(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[int]:
         from mtpkit.runtime.stats import Stats

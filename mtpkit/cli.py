@@ -13,7 +13,7 @@ import sys
 import traceback
 
 from . import __version__
-from .errors import MtpkitError
+from .errors import CommandError, MtpkitError  # noqa: F401  (CommandError: subcommands' one-line failures)
 from .extras import require
 
 # name -> (module, one-line help, extra it needs or None); each module has add_arguments(parser, name) and
@@ -33,8 +33,7 @@ COMMANDS = {
              None),
     "parity": ("mtpkit.runtime.commands", "replay the export-time transformers reference and compare token for token",
                None),
-    "bench": ("mtpkit.runtime.commands", "time speculative vs plain decoding on the same graphs (interleaved runs)",
-              None),
+    "bench": ("mtpkit.bench", "time speculative vs plain decoding on the same graphs (interleaved runs)", None),
     "train-tiny": ("mtpkit.tiny.train", "train the small Gemma 4 target + drafter pair shipped with mtpkit",
                    "export"),
 }
@@ -56,10 +55,6 @@ EPILOG = """examples:
 BUG_EXIT = 70  # EX_SOFTWARE in sysexits.h
 BUG_LINE = ("this is a bug in mtpkit {version}, not in your input; please report it with the traceback above "
             "and the command you ran")
-
-
-class CommandError(MtpkitError):
-    """Raised by subcommands for a one-line user-facing failure."""
 
 
 class Parser(argparse.ArgumentParser):

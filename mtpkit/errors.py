@@ -40,6 +40,10 @@ class DiskFullError(MtpkitError, OSError):
     """The disk filled up while writing; the partial output was removed."""
 
 
+class CommandError(MtpkitError):
+    """A subcommand's own one-line failure (e.g. `mtpkit demo` when parity fails)."""
+
+
 class MemoryBudgetError(MtpkitError):
     """An export whose estimated peak memory exceeds what is available; refused before any weight is loaded."""
 

@@ -10,10 +10,10 @@ import importlib.util
 
 from .errors import MtpkitError
 
-# extra -> top-level modules it provides (as in pyproject.toml's [project.optional-dependencies])
+# extra -> top-level modules it provides (as in pyproject.toml's [project.optional-dependencies]). A backend's
+# extra is not listed here: its row in runtime/roles.py BACKENDS names the modules, passed to require().
 EXTRAS = {
     "export": ("torch", "transformers", "onnx", "onnxscript", "safetensors"),
-    "litert": ("litert_torch", "ai_edge_litert", "litert_lm_builder", "ai_edge_quantizer"),
 }
 
 
@@ -26,7 +26,8 @@ def missing_modules(modules: tuple[str, ...]) -> list[str]:
 
 
 def require(extra: str, feature: str, modules: tuple[str, ...] | None = None) -> None:
-    """Raise MissingExtraError unless every module of `extra` (or just `modules`) is installed."""
+    """Raise MissingExtraError unless every module of `extra` (or just `modules`) is installed; an extra not in
+    EXTRAS needs its modules given."""
     missing = missing_modules(modules if modules is not None else EXTRAS[extra])
     if missing:
         raise MissingExtraError(f"{feature} needs the [{extra}] extra ({', '.join(missing)} not installed); "

@@ -282,6 +282,10 @@ class TimedTarget(Generic[View]):
     def max_draft(self) -> int | None:
         return self._inner.max_draft
 
+    @property
+    def threads(self) -> dict[str, int]:
+        return self._inner.threads
+
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         return self._inner.positions_needed(prompt_len, max_new_tokens)
 

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mtpkit.errors import UsageError
-from mtpkit.extras import require
 
 from .auto import CostMeter, TimedDrafter, TimedTarget
 from .cost_model import best_k, predict
 from .engine import Engine, GenConfig
 from .peers import PeerPrompt
+from .speculative import fit_draft
 from .stats import Stats, conditional_acceptance
 
 CATEGORIES = ("code", "structured", "rewrite", "prose")
@@ -57,11 +57,8 @@ class BenchConfig:
     max_k: int | None = None  # constant k = 1..max_k measured and predicted; None: 8, capped by a static verify
     num_assistant_tokens: int | str | None = None  # the "speculative" column: auto unless a k or schedule is given
     schedule: str | None = None
-    peers: bool = False  # also time transformers and LiteRT-LM on the same prompts (runtime/peers.py)
 
     def __post_init__(self) -> None:
-        if self.peers:  # before minutes of mtpkit's own bench: the transformers peers need torch
-            require("export", "mtpkit bench --peers (transformers generate() is a peer)")
         if self.repeats < 1:
             raise UsageError(f"--repeats must be >= 1 (got {self.repeats})")
         if self.max_k is not None and self.max_k < 1:
@@ -75,8 +72,8 @@ class BenchConfig:
         default); an explicit --max-k beyond that is refused in one line instead of failing at its first run."""
         limit = engine.max_draft
         if self.max_k is None:
-            return replace(self, max_k=DEFAULT_MAX_K if limit is None else min(DEFAULT_MAX_K, limit))
-        if limit is not None and self.max_k > limit:
+            return replace(self, max_k=fit_draft(DEFAULT_MAX_K, limit))
+        if fit_draft(self.max_k, limit) < self.max_k:
             raise UsageError(f"--max-k {self.max_k}: this {engine.backend.kind} export verifies at most {limit} "
                              f"drafts per round; use --max-k <= {limit} (or leave it out)")
         return self
@@ -242,18 +239,17 @@ def _median_ms(runs: list[Stats]) -> float:
 
 
 def run_bench(export_dir: str | Path, cfg: BenchConfig, prompts: list | None = None, threads: int | None = None,
-              backend: str | None = None, progress: Callable[[str], None] | None = None) -> dict:
+              backend: str | None = None, progress: Callable[[str], None] | None = None,
+              peers: Callable[[Engine, list[PeerPrompt], Callable | None], dict] | None = None) -> dict:
     """Bench the given prompts (texts or BenchPrompts), or the built-in set (PROMPTS) when none are given.
 
-    progress: optional callable(str) told what runs now (the CLI's stderr progress line).
+    progress: optional callable(str) told what runs now (the CLI's stderr progress line). peers: optional
+    callable(engine, [PeerPrompt], progress) -> the report's `peers` section (mtpkit/bench/peers.py run_peers),
+    called after mtpkit's own bench on the same prompts.
     """
     engine = Engine(export_dir, threads, backend)
     cfg = cfg.fitted(engine)
     assert cfg.max_k is not None  # fitted() sets it
-    if cfg.peers:  # their checkpoints are found before minutes of mtpkit's own bench, not after
-        from mtpkit.export.peers import resolve_sources
-
-        resolve_sources(engine.manifest)
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt("custom", f"prompt{i}", p)
              for i, p in enumerate(prompts or PROMPTS)]
     first = list(items[0].ids) if items[0].ids else engine.codec.encode(items[0].text)
@@ -268,10 +264,8 @@ def run_bench(export_dir: str | Path, cfg: BenchConfig, prompts: list | None = N
     report = {"config": asdict(cfg), "backend": engine.backend.kind, "threads": engine.threads,
               "rows": rows, "categories": summarize(rows, cfg.max_k),
               "median_speedup": statistics.median(speedups) if speedups else None}
-    if cfg.peers:
-        from mtpkit.export.peers import run_peers  # torch: the [export] extra, checked in BenchConfig
-
-        report["peers"] = run_peers(engine, [_peer_prompt(engine, p) for p in items], cfg, threads, progress)
+    if peers is not None:
+        report["peers"] = peers(engine, [_peer_prompt(engine, p) for p in items], progress)
     return report
 
 

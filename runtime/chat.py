@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mtpkit.errors import MtpkitError, UsageError
 
-from .commands import draft_length
-from .roles import BACKENDS
+from .commands import draft_length, export_arguments
+
+if TYPE_CHECKING:
+    from .engine import Engine, GenConfig
 
 EPILOG = """Type a message and press Enter: the answer streams to stdout, then the same stats line as `mtpkit run`
 goes to stderr. The whole conversation is rendered with the export's chat template every turn, so it must fit
@@ -25,7 +27,7 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.epilog = EPILOG
-    p.add_argument("dir", type=Path, help="export folder written by 'mtpkit export'")
+    export_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer per turn")
     p.add_argument("--num-assistant-tokens", "-k", type=draft_length, default=None,
                    help="draft length k per round, or auto (the default)")
@@ -34,20 +36,16 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None, help="reseeds every turn, so a replayed session repeats")
     p.add_argument("--no-mtp", dest="mtp", action="store_false", help="plain decoding, no drafter")
-    p.add_argument("--threads", type=int, default=None,
-                   help="intra-op threads (default: per graph, the faster of 1 and all cores, timed at start)")
-    p.add_argument("--backend", default=None, help=f"{' | '.join(BACKENDS)} (default: onnx when the export has it)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from mtpkit.api import gen_config, load
+    from .engine import Engine, GenConfig
+    from .sampling import SamplingConfig
 
-    from .commands import _stats_line
-
-    options = dict(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_draft=args.num_assistant_tokens,
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    gen_config(**options)  # bad flags fail (exit 2) before the export opens, not after the first message
-    model = load(args.dir, args.backend, args.threads)
+    # bad flags fail (exit 2) before the export opens, not after the first message
+    cfg = GenConfig(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_assistant_tokens=args.num_assistant_tokens,
+                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
+    engine = Engine(args.dir, args.threads, args.backend)
     history: list[dict] = []
     while (text := _read_line()) is not None:
         if text == "/reset":
@@ -55,13 +53,11 @@ def run(args: argparse.Namespace) -> int:
             print("mtpkit: history cleared", file=sys.stderr, flush=True)
             continue
         history.append({"role": "user", "content": text})
-        answer = _answer(model, history, options)
+        answer = _answer(engine, history, cfg)
         if answer is None:
             history.pop()  # that turn never happened; keep the history consistent for /reset or a shorter try
             continue
         history.append({"role": "assistant", "content": answer})
-        sys.stderr.write(_stats_line(model.last_stats, args.mtp) + "\n")
-        sys.stderr.flush()
     return 0
 
 
@@ -80,12 +76,17 @@ def _read_line() -> str | None:
     return text if text.strip() else None
 
 
-def _answer(model, history: list[dict], options: dict) -> str | None:
-    """Streams the assistant's answer to stdout and returns it; None (after one line on stderr) when the turn
-    cannot run, e.g. the conversation no longer fits the export's KV capacity."""
+def _answer(engine: Engine, history: list[dict], cfg: GenConfig) -> str | None:
+    """Streams the assistant's answer to stdout, then its stats line to stderr, and returns it; None (after one
+    line on stderr) when the turn cannot run, e.g. the conversation no longer fits the export's KV capacity."""
+    from .stats import Stats, stats_line
+    from .tokenizer import text_deltas
+
     parts: list[str] = []
+    stats = Stats()
     try:
-        for delta in model.stream_chat(history, **options):
+        run = engine.generate(engine.codec.encode_chat(list(history)), cfg, stats)
+        for delta in text_deltas(engine.codec, (token for token, _ in run)):
             parts.append(delta)
             sys.stdout.write(delta)
             sys.stdout.flush()
@@ -95,4 +96,6 @@ def _answer(model, history: list[dict], options: dict) -> str | None:
         print(f"mtpkit chat: {e}; type /reset to clear the history", file=sys.stderr, flush=True)
         return None
     print(flush=True)  # end the streamed answer before the stats line on stderr
+    sys.stderr.write(stats_line(stats.summary(), cfg.mtp) + "\n")
+    sys.stderr.flush()
     return "".join(parts)

@@ -27,25 +27,6 @@ examples:
   mtpkit run DIR --prompt "def fib(n):" -k 4 --schedule constant
 """
 
-BENCH_EPILOG = """Per prompt, each repeat runs plain decoding, auto (or the given -k/--schedule) and constant
-k = 1..--max-k back to back; prints the cost model's predicted speed-up beside the measured one for every k, per category.
-Without --prompt/--prompts, benchmarks a built-in set (code, structured, rewrite, prose). A --prompts file has
-one JSON object per line: {"category": "code", "prompt": "def f(x):", "name": "optional"}.
-
-examples:
-  mtpkit bench DIR --out out/bench
-  mtpkit bench DIR --prompts prompts.jsonl --max-k 6 --repeats 5
-  mtpkit bench DIR --peers --out out/bench
-
---peers adds a table: ms/token including prefill (wall time of each whole generate call / new tokens) for
-mtpkit's ONNX (and LiteRT) runtime, transformers PyTorch CPU generate() plain and with assistant_model=drafter on
-the checkpoints the manifest's source names, and the official LiteRT-LM runtime with speculation off and on, each
-as a ratio to mtpkit, runs interleaved; with the thread counts each used (--threads N: all use N; by default
-mtpkit picks per graph, torch gets the count mtpkit picked for its ONNX target graph, LiteRT-LM all cores as
-mtpkit's LiteRT backend).
-"""
-
-
 def draft_length(text: str) -> int | str:
     """-k: a positive integer or 'auto' (checked again by GenConfig, which names the flag)."""
     if text == "auto":
@@ -56,29 +37,18 @@ def draft_length(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto' (got {text!r})") from None
 
 
-def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+def export_arguments(p: argparse.ArgumentParser) -> None:
+    """DIR, --threads and --backend: how every command that runs an export opens it."""
     p.add_argument("dir", type=Path, help="export folder written by 'mtpkit export'")
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads (default: per graph, the faster of 1 and all cores, timed at start)")
-    p.add_argument("--backend", default=None, help=f"{' | '.join(BACKENDS)} (default: onnx when the export has it)")
+    p.add_argument("--backend", default=None,
+                   help=f"{' | '.join(BACKENDS)} (default: the first of these the export has)")
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    export_arguments(p)
     if name == "parity":
-        p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
-        return
-    if name == "bench":
-        p.epilog = BENCH_EPILOG
-        p.add_argument("--prompt", action="append", help="prompt text (repeatable; category 'custom')")
-        p.add_argument("--prompts", type=Path, help="JSONL file of {category, prompt[, name]} objects")
-        p.add_argument("--repeats", type=int, default=3, help="interleaved runs per prompt (median reported)")
-        p.add_argument("--max-new-tokens", type=int, default=64)
-        p.add_argument("--max-k", type=int, default=None, help="measure and predict constant k = 1..MAX_K "
-                       "(default 8, or as many drafts as the export's static verify takes: LiteRT 4 by default)")
-        p.add_argument("--num-assistant-tokens", "-k", type=draft_length, default=None,
-                       help="the speculative column: auto (default) or a fixed k")
-        p.add_argument("--schedule", default=None, help="constant | heuristic | auto")
-        p.add_argument("--peers", action="store_true",
-                       help="also time transformers generate() (plain, assisted) and, for LiteRT exports, LiteRT-LM "
-                            "(speculation off, on) on the same prompts, as ratios to mtpkit [needs the export extra]")
-        p.add_argument("--out", type=Path, help="write bench.json, bench.md and bench.png to this folder")
         p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
         return
     p.epilog = RUN_EPILOG
@@ -104,11 +74,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.command == "parity":
         return _parity(args)
-    if args.command == "bench":
-        return _bench(args)
     from .engine import Engine, GenConfig
     from .sampling import SamplingConfig
-    from .stats import Stats
+    from .stats import Stats, stats_line
     from .tokenizer import StreamDecoder
 
     cfg = GenConfig(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_assistant_tokens=args.num_assistant_tokens,
@@ -130,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                           "stats": summary}))
     else:
         print(flush=True)  # end the streamed text before the stats line on stderr
-        sys.stderr.write(_stats_line(summary, cfg.mtp) + "\n")
+        sys.stderr.write(stats_line(summary, cfg.mtp) + "\n")
         sys.stderr.flush()
     return 0
 
@@ -154,14 +122,6 @@ def prompt_text(text: str | None, path: Path | None) -> str:
     return text
 
 
-def _stats_line(s: dict, mtp: bool) -> str:
-    line = f"mtpkit: {s['new_tokens']} tokens, {s['tokens_per_s'] or 0:.1f} tok/s, ttft {s['ttft_ms']:.1f} ms"
-    if mtp and s["drafted"]:
-        line += (f", accepted {s['accepted']}/{s['drafted']} drafts ({100 * s['acceptance_rate']:.0f}%), "
-                 f"{s['tokens_per_target_call']:.2f} tokens per target call")
-    return line
-
-
 def _parity(args: argparse.Namespace) -> int:
     from .parity import run_parity
 
@@ -177,31 +137,3 @@ def _parity(args: argparse.Namespace) -> int:
     if report["draft_lengths_not_supported"]:
         print(f"  not run: k in {report['draft_lengths_not_supported']} (beyond this export's static verify length)")
     return 0 if report["ok"] else 1
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from .bench import BenchConfig, load_prompts, run_bench
-    from .bench_report import Progress, write_report
-
-    cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens, max_k=args.max_k,
-                      num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule, peers=args.peers)
-    prompts = [*(load_prompts(args.prompts) if args.prompts else []), *(args.prompt or [])]
-    progress = Progress(getattr(args, "quiet", False))
-    try:
-        report = run_bench(args.dir, cfg, prompts, args.threads, args.backend, progress)
-    finally:
-        progress.close()
-    if args.json_file:
-        args.json_file.write_text(json.dumps(report, indent=2) + "\n")
-    notes = write_report(report, args.out) if args.out else []
-    print_bench(report, args.repeats)
-    for note in notes:
-        print(f"mtpkit bench: {note}", file=sys.stderr)
-    return 0
-
-
-def print_bench(report: dict, repeats: int) -> None:
-    """The bench table on stdout (mtpkit demo prints it too)."""
-    from .bench_report import print_bench as _print
-
-    _print(report, repeats)

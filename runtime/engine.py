@@ -13,7 +13,7 @@ from .backends import open_backend
 from .handoff import HANDOFF_MODES
 from .manifest import load_manifest
 from .sampling import Sampler, SamplingConfig
-from .speculative import SCHEDULES, DraftSchedule, plain_generate, speculative_generate
+from .speculative import SCHEDULES, DraftSchedule, fit_draft, plain_generate, speculative_generate
 from .stats import Stats, timed
 from .tokenizer import TextCodec
 
@@ -62,9 +62,10 @@ class Engine:
         if threads is not None:
             check_int("--threads", threads, 1)
         self.manifest = load_manifest(export_dir)
-        self._raw = open_backend(self.manifest, backend, threads)  # (target, drafter) of the backend
+        # (target, drafter) as the backend opened them: calibration and tools call them without the meter
+        self.untimed = open_backend(self.manifest, backend, threads)
         self.meter = CostMeter()  # every call is timed (~1 us each): the auto schedule and `mtpkit bench` read it
-        self.target, self.drafter = TimedTarget(self._raw[0], self.meter), TimedDrafter(self._raw[1], self.meter)
+        self.target, self.drafter = TimedTarget(self.untimed[0], self.meter), TimedDrafter(self.untimed[1], self.meter)
         self.backend = self.manifest.backend(backend)
         self.kv = self.target.kv
         self.max_draft = self.target.max_draft
@@ -72,14 +73,14 @@ class Engine:
         self.policy: AutoPolicy | None = None  # the auto schedule's state, kept across runs (see auto_policy)
 
     @property
-    def threads(self) -> dict | None:
-        """Intra-op threads per graph as the backend opened them (ONNX: its per-graph pick); None when the
-        backend does not say (LiteRT: --threads or all cores)."""
-        return getattr(getattr(self._raw[0], "session", None), "threads", None)
+    def threads(self) -> dict[str, int]:
+        """Intra-op threads per graph as the backend opened them (ONNX: its per-graph pick; LiteRT: --threads or
+        all cores)."""
+        return dict(self.untimed[0].threads)
 
     def schedule(self, cfg: GenConfig) -> DraftSchedule:
         if cfg.auto:
-            cap = cfg.draft_cap if self.max_draft is None else min(cfg.draft_cap, self.max_draft)
+            cap = fit_draft(cfg.draft_cap, self.max_draft)
             policy = self.auto_policy(cap)
             return DraftSchedule("auto", policy.start(), cap, policy)
         gen = self.manifest.generation
@@ -87,12 +88,10 @@ class Engine:
         assert isinstance(k, int)  # "auto" took the branch above
         kind = cfg.schedule or gen.get("num_assistant_tokens_schedule", "constant")
         cap = max(cfg.draft_cap, k)
-        if self.max_draft is not None:  # static verify length (LiteRT): k + 1 tokens must fit in it
-            if k > self.max_draft:
-                raise UsageError(f"this {self.backend.kind} export verifies at most {self.max_draft} drafts per "
-                                 f"round; use --num-assistant-tokens <= {self.max_draft} or re-export with a longer verify")
-            cap = min(cap, self.max_draft)
-        return DraftSchedule(kind, k, cap)
+        if fit_draft(k, self.max_draft) < k:  # static verify length (LiteRT): k + 1 tokens must fit in it
+            raise UsageError(f"this {self.backend.kind} export verifies at most {self.max_draft} drafts per round; use "
+                             f"--num-assistant-tokens <= {self.max_draft} or re-export with a larger --max-draft")
+        return DraftSchedule(kind, k, fit_draft(cap, self.max_draft))
 
     def auto_policy(self, k_max: int) -> AutoPolicy:
         """The engine's auto policy, created and calibrated (a few timed calls) on first use."""
@@ -100,7 +99,7 @@ class Engine:
             recorded = self.backend.options.get("acceptance_by_position") or ()  # the exporter's figure, if any
             prior = [min(1.0, max(0.0, float(a))) for a in recorded]
             self.policy = AutoPolicy(k_max, self.meter, prior=prior)
-            calibrate(*self._raw, self.meter, k_max)
+            calibrate(*self.untimed, self.meter, k_max)
         self.policy.k_max = k_max
         return self.policy
 

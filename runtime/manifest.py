@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mtpkit.errors import ManifestError
 
-from .roles import ROLES
+from .roles import BACKENDS, ROLES
 from .schema import check_manifest
 from .verified import VerifiedFiles, sha256_file  # noqa: F401  (sha256_file: the exporters' import)
 
@@ -117,9 +117,10 @@ class Manifest:
         return [KVLayer(**d) for d in self.kv_cache["layers"]]
 
     def backend(self, kind: str | None = None) -> Backend:
-        """The requested backend, or the only / first one (onnx before litert) when kind is None."""
+        """The requested backend; when kind is None, the export's first in role-table order (roles.py BACKENDS),
+        else its first."""
         if kind is None:
-            kind = "onnx" if "onnx" in self.backends else next(iter(self.backends))
+            kind = next((k for k in BACKENDS if k in self.backends), next(iter(self.backends)))
         if kind not in self.backends:
             raise ManifestError(f"this export has no {kind} graphs (it has: {', '.join(self.backends)}); "
                                 f"re-export with --backend {kind}")

@@ -1,11 +1,12 @@
 """`mtpkit bench --peers`: mtpkit beside the runtimes a user would otherwise run, on the same prompts (torch-free).
 
-A peer is a name and a callable prompt -> PeerOutput; the torch and LiteRT-LM peers live in export/peers.py.
+A peer is a name and a callable prompt -> PeerOutput; the transformers peers live in mtpkit/bench/peers.py, a
+backend's own runtime in its runtime module (runtime/backends/__init__.py: peers).
 Every repeat runs every prompt on every peer back to back, so all see the same machine load. ms/token is the
 wall time of the whole call, prefill included, over its new tokens: median over repeats per prompt, then over
 prompts. Each peer is compared with one mtpkit row, its baseline: ratio = peer ms/token / baseline ms/token per
-prompt, median over prompts (> 1: mtpkit is faster). Tokens are compared with mtpkit's plain greedy output;
-reported, never asserted. Speed is never asserted either.
+prompt, median over prompts (> 1: mtpkit is faster). Tokens are compared with the reference, the first mtpkit row
+(plain greedy on the export's first backend); reported, never asserted. Speed is never asserted either.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from .engine import Engine, GenConfig
 
-REFERENCE = "mtpkit onnx plain"  # whose greedy tokens every other row is compared with
 TIMING = "wall time of the whole generate call / new tokens (prefill included)"
 
 
@@ -83,10 +83,11 @@ def measure(peers: list[Peer], prompts: list[PeerPrompt], repeats: int,
 
 
 def summarize(peers: list[Peer], prompts: list[PeerPrompt], runs: dict, decode: Callable) -> list[dict]:
-    """One JSON-ready row per peer: median ms/token, ratio to its baseline, tokens equal to mtpkit's plain."""
+    """One JSON-ready row per peer: median ms/token, ratio to its baseline, tokens equal to the reference's."""
     ms = {p.name: {q.name: statistics.median(1e3 * s / max(1, o.new_tokens) for s, o in runs[p.name][q.name])
                    for q in prompts} for p in peers}
-    ref = runs.get(REFERENCE)
+    reference = reference_name(peers)
+    ref = runs.get(reference)
     rows = []
     for peer in peers:
         per = []
@@ -95,7 +96,7 @@ def summarize(peers: list[Peer], prompts: list[PeerPrompt], runs: dict, decode: 
             out = runs[peer.name][q.name][0][1]
             per.append({"prompt": q.name, "ms_per_token": ms[peer.name][q.name], "new_tokens": out.new_tokens,
                         "ratio": ms[peer.name][q.name] / base if base else None,
-                        "same_tokens": _same(out, ref[q.name][0][1], decode) if ref and peer.name != REFERENCE
+                        "same_tokens": _same(out, ref[q.name][0][1], decode) if ref and peer.name != reference
                         else None})
         ratios = [r["ratio"] for r in per if r["ratio"] is not None]
         same = [r["same_tokens"] for r in per if r["same_tokens"] is not None]
@@ -104,6 +105,11 @@ def summarize(peers: list[Peer], prompts: list[PeerPrompt], runs: dict, decode: 
                      "ratio": statistics.median(ratios) if ratios else None,
                      "same_tokens": sum(same) if same else None, "compared": len(same), "per_prompt": per})
     return rows
+
+
+def reference_name(peers: list[Peer]) -> str | None:
+    """The row every other one's tokens are compared with: the first of mtpkit's own (no baseline), if any."""
+    return next((p.name for p in peers if p.baseline is None), None)
 
 
 def _same(out: PeerOutput, ref: PeerOutput, decode: Callable) -> bool:
@@ -125,7 +131,7 @@ def texts_agree(a: str, b: str) -> bool:
 def section(peers: list[Peer], prompts: list[PeerPrompt], runs: dict, decode: Callable, max_new_tokens: int,
             repeats: int, notes: list[str]) -> dict:
     """The report's `peers` section."""
-    return {"timing": TIMING, "max_new_tokens": max_new_tokens, "repeats": repeats, "reference": REFERENCE,
+    return {"timing": TIMING, "max_new_tokens": max_new_tokens, "repeats": repeats, "reference": reference_name(peers),
             "prompts": [q.name for q in prompts], "rows": summarize(peers, prompts, runs, decode), "notes": notes}
 
 

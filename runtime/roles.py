@@ -3,7 +3,8 @@
 Exporters name tensors however their format wants and tag each with one of these roles; runtimes bind by
 (role, layer) and never by name. manifest.TensorSpec refuses a role missing here, so the table cannot drift
 from what the graphs carry. A new backend adds its row to BACKENDS (and new roles, if any), one export module
-export/backends/<kind>.py and one runtime module runtime/backends/<kind>.py.
+export/backends/<kind>.py and one runtime module runtime/backends/<kind>.py; everything else finds it through
+them (tests/test_third_backend.py registers one that way and runs it end to end).
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ ROLES = {
 @dataclass(frozen=True)
 class BackendKind:
     kv_io: str  # window: past window in, new entries out; state: whole cache in and out
-    extra: str | None  # the pip extra its runtime needs (None: in the runtime-only install)
+    extra: str | None  # the pip extra that installs its modules (None: the runtime-only install / [export])
     runtime_modules: tuple[str, ...]  # what the runtime backend imports
     export_needs_onnx: bool  # its export is checked against the ONNX graphs, so they are written too
+    export_modules: tuple[str, ...] = ()  # what its export imports beyond the [export] extra
 
 
 BACKENDS = {
     "onnx": BackendKind("window", None, ("onnxruntime",), False),
-    "litert": BackendKind("state", "litert", ("ai_edge_litert",), True),
+    "litert": BackendKind("state", "litert", ("ai_edge_litert",), True,
+                          ("litert_torch", "ai_edge_litert", "litert_lm_builder", "ai_edge_quantizer")),
 }

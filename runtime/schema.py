@@ -14,7 +14,7 @@ from typing import Any, Callable, NoReturn
 
 from mtpkit.errors import ManifestError
 
-from .roles import ROLES
+from .roles import BACKENDS, ROLES
 
 Check = Callable[[object, str], None]
 INT32_MAX = 2**31 - 1
@@ -104,7 +104,7 @@ def _shape_dim(v: object, where: str) -> None:
         _fail(where, "a size (an integer >= 0) or a symbolic name", v)
 
 
-def _release(v: object, where: str) -> None:
+def release(v: object, where: str) -> None:
     if not (isinstance(v, str) and re.fullmatch(r"\d+\.\d+", v)):
         _fail(where, 'a release like "1.20"', v)
 
@@ -115,11 +115,12 @@ SIGNATURE = fields({"graph": STR, "inputs": items(TENSOR), "outputs": items(TENS
                    {"num_tokens": optional(integer(1)), "backend_name": optional(STR)})
 GRAPH = fields({"file": STR, "sha256": STR, "bytes": integer(0, 2**63 - 1), "backend": STR},
                {"data_files": mapping(STR), "recipe": STR})
-EMBEDDING = fields({"file": STR, "dtype": STR, "shape": items(integer(1), 2), "scale": NUMBER}, {"offset": integer()})
+# options: each backend checks its own (check_options of runtime/backends/<kind>.py)
 BACKEND = fields({"kind": STR, "kv_io": one_of("window", "state"), "graphs": mapping(GRAPH, 1),
-                  "signatures": mapping(SIGNATURE, 1)}, {"options": fields({}, {"embedding": EMBEDDING,
-                                                                  "min_onnxruntime": optional(_release),
-                                                                  "acceptance_by_position": items(NUMBER)})})
+                  "signatures": mapping(SIGNATURE, 1)},
+                 # every backend's export records the drafter's acceptance on its graphs (auto's prior); the rest
+                 # of options each backend checks itself (check_options of runtime/backends/<kind>.py)
+                 {"options": fields({}, {"acceptance_by_position": items(NUMBER)})})
 LAYER_TYPES = ("sliding_attention", "full_attention")
 KV_ROLES = ("past_key", "past_value", "new_key", "new_value", "kv_key", "kv_value", "store_key", "store_value")
 KV_LAYER = fields({"layer": integer(), "type": one_of(*LAYER_TYPES),
@@ -160,6 +161,8 @@ def _check_kv_tensors(tensors: list[dict], layers: set, where: str) -> None:
 
 def check_manifest(data: Any) -> None:
     """Raise ManifestError naming the first field of `data` (parsed manifest.json) that a runtime cannot use."""
+    from .backends import backend_module  # it imports the manifest module, which imports this one
+
     if not isinstance(data, dict):
         _fail("the top level", "an object", data)
     MANIFEST(data, "")
@@ -175,8 +178,10 @@ def check_manifest(data: Any) -> None:
             if sig["graph"] not in backend["graphs"]:
                 _fail(f"{where}.graph", f"one of {', '.join(backend['graphs'])}", sig["graph"])
             _check_kv_tensors(sig["inputs"] + sig["outputs"], layers, where)
-        if kind == "onnx" and "embedding" not in backend.get("options", {}):
-            raise ManifestError("manifest.json: backends.onnx.options.embedding is missing; re-export the model")
+        if kind in BACKENDS:  # a kind this mtpkit does not know is refused only when it is opened
+            check_options = getattr(backend_module(kind), "check_options", None)
+            if check_options:
+                check_options(backend.get("options", {}), f"backends.{kind}.options")
     capacity, limit = data["kv_cache"]["capacity"], data["model"].get("max_position_embeddings")
     if limit is not None and capacity > limit:
         _fail("kv_cache.capacity", f"at most model.max_position_embeddings ({limit})", capacity)

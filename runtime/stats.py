@@ -93,3 +93,12 @@ def timed(tokens: Iterable[T], stats: Stats) -> Iterator[T]:
         stats.new_tokens += 1
         yield item
     stats.total_s = time.perf_counter() - start
+
+
+def stats_line(s: dict, mtp: bool) -> str:
+    """The one-line summary of a run (Stats.summary()) that `mtpkit run` and `mtpkit chat` print to stderr."""
+    line = f"mtpkit: {s['new_tokens']} tokens, {s['tokens_per_s'] or 0:.1f} tok/s, ttft {s['ttft_ms']:.1f} ms"
+    if mtp and s["drafted"]:
+        line += (f", accepted {s['accepted']}/{s['drafted']} drafts ({100 * s['acceptance_rate']:.0f}%), "
+                 f"{s['tokens_per_target_call']:.2f} tokens per target call")
+    return line

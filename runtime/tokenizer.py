@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NoReturn
 
 from mtpkit.errors import UsageError
 
@@ -98,6 +98,19 @@ class StreamDecoder:
             return ""
         delta, self.emitted = text[len(self.emitted):], text
         return delta
+
+
+def text_deltas(codec: TextCodec, tokens: Iterable[int]) -> Iterator[str]:
+    """Text deltas of a stream of token ids; joined, they equal codec.decode of all of them."""
+    decoder = StreamDecoder(codec)
+    for token in tokens:
+        delta = decoder.push(token)
+        if delta:
+            yield delta
+    # StreamDecoder holds back a trailing U+FFFD (it may be half a character); at the end it is final text
+    tail = codec.decode(decoder.ids)[len(decoder.emitted):]
+    if tail:
+        yield tail
 
 
 def chat_environment() -> jinja2.Environment:

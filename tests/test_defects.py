@@ -187,6 +187,6 @@ def test_loading_holds_one_session_per_graph(tiny_exports, monkeypatch):
     monkeypatch.setattr(onnx_backend, "_time_calls", lambda session, kv, embed, repeats: fake[session.threads["target"]])
     engine = Engine(tiny_exports("e2b_gemma4_centroid"))
     assert len(peak) == 2 and set(peak.values()) == {1}, peak
-    assert engine._raw[0].session.threads == {"target": 2, "drafter": 1}
+    assert engine.threads == {"target": 2, "drafter": 1}
     # the sessions are ONNX Runtime's public API (InferenceSession.run), not its private C session
-    assert all(run.__func__ is real.run for run in engine._raw[0].session._run.values())
+    assert all(run.__func__ is real.run for run in engine.untimed[0].session._run.values())

@@ -248,7 +248,7 @@ def test_acceptance_of_quantized_graphs_grows_with_their_weights_not_fp32s():
     """The acceptance phase runs the final graphs: int4 ones hold ~1/6 of fp32's bytes (E2B measured 8.9 GB)."""
     w = _weights(1, stored_bf16=True)
     fp32, int4 = preflight.phases(_plan(), w, "bf16"), preflight.phases(_plan(quant="int4"), w, "bf16")
-    held = preflight.BASE["onnx"] + w.held("bf16")
+    held = preflight.memory("onnx").base + w.held("bf16")
     assert int4["acceptance"] - held < (fp32["acceptance"] - held) / 3
     assert int4["acceptance"] - held >= preflight.final_bytes(_plan(quant="int4"), w)
     assert preflight.final_bytes(_plan(quant="int4"), w) < preflight.quantized_bytes(_plan(quant="int4"), w)

@@ -12,6 +12,7 @@ from mtpkit.runtime import peers as lib
 from mtpkit.runtime.peers import Peer, PeerOutput, PeerPrompt
 
 PROMPTS = [PeerPrompt("code/a", "a", (2, 10)), PeerPrompt("prose/b", "b", (2, 11))]
+REFERENCE = "mtpkit onnx plain"  # the first of mtpkit's own rows: every other row's tokens are compared with it
 
 
 class Clock:
@@ -39,13 +40,13 @@ def fake(clock, name, seconds: dict, tokens=(5, 6, 7, 8), baseline=None, text=No
 
 def test_ratios_medians_and_token_checks_with_fakes():
     clock, calls = Clock(), []
-    ref = fake(clock, lib.REFERENCE, {"code/a": [0.004, 0.008, 0.006], "prose/b": [0.002, 0.002, 0.002]}, calls=calls)
+    ref = fake(clock, REFERENCE, {"code/a": [0.004, 0.008, 0.006], "prose/b": [0.002, 0.002, 0.002]}, calls=calls)
     slow = fake(clock, "transformers plain", {"code/a": [0.06, 0.06, 0.09], "prose/b": [0.04, 0.05, 0.04]},
-                baseline=lib.REFERENCE, calls=calls)
+                baseline=REFERENCE, calls=calls)
     wrong = fake(clock, "other", {"code/a": [0.004] * 3, "prose/b": [0.004] * 3}, tokens=(5, 6, 0, 0),
                  baseline="missing row", calls=calls)
     texty = fake(clock, "litert-lm plain", {"code/a": [0.004] * 3, "prose/b": [0.004] * 3}, tokens=(1,) * 5,
-                 text="w5 w6 w7 w8 extra", baseline=lib.REFERENCE, calls=calls)
+                 text="w5 w6 w7 w8 extra", baseline=REFERENCE, calls=calls)
     peers = [ref, slow, wrong, texty]
     runs = lib.measure(peers, PROMPTS, repeats=3, clock=clock)
     # interleaved: every repeat runs every prompt on every peer, in the order given
@@ -53,8 +54,8 @@ def test_ratios_medians_and_token_checks_with_fakes():
     sec = lib.section(peers, PROMPTS, runs, lambda ids: " ".join(f"w{i}" for i in ids), 4, 3, ["a note"])
     assert sec["timing"] == lib.TIMING and sec["prompts"] == ["code/a", "prose/b"] and sec["notes"] == ["a note"]
     rows = {r["name"]: r for r in sec["rows"]}
-    assert rows[lib.REFERENCE]["per_prompt"][0]["ms_per_token"] == pytest.approx(1.5)  # median 6 ms / 4 tokens
-    assert rows[lib.REFERENCE]["ms_per_token"] == pytest.approx((1.5 + 0.5) / 2)  # then median over prompts
+    assert rows[REFERENCE]["per_prompt"][0]["ms_per_token"] == pytest.approx(1.5)  # median 6 ms / 4 tokens
+    assert rows[REFERENCE]["ms_per_token"] == pytest.approx((1.5 + 0.5) / 2)  # then median over prompts
     t = rows["transformers plain"]
     assert [p["ratio"] for p in t["per_prompt"]] == pytest.approx([15.0 / 1.5, 10.0 / 0.5])
     assert t["ratio"] == pytest.approx((10.0 + 20.0) / 2)  # median of the per-prompt ratios
@@ -68,7 +69,7 @@ def test_ratios_medians_and_token_checks_with_fakes():
     assert [lib._same(PeerOutput(4, None, t), ref_out, words) for t in ("w5 w6 w7", "w5 w6", "w5 w6 w7 w9", "")] == [
         True, False, False, False]  # the last token's text may be held back; nothing else may differ
     assert lib.verdict({**t, "ratio": 0.5}) == "mtpkit onnx plain is 2.0x slower than transformers plain"
-    assert rows[lib.REFERENCE]["same_tokens"] is None and rows[lib.REFERENCE]["ratio"] is None
+    assert rows[REFERENCE]["same_tokens"] is None and rows[REFERENCE]["ratio"] is None
     json.dumps(sec)  # JSON-ready for bench.json
     md = "\n".join(lib.to_markdown(sec))
     assert "## Peers" in md and "| transformers plain | 1 | " in md and "| reference |" in md and "- a note" in md
@@ -95,7 +96,7 @@ def test_bench_peers_end_to_end_on_a_tiny_onnx_export(tiny_exports, tmp_path, ca
         assert r["threads"] == 1 or r["threads"] == {"target": 1, "drafter": 1}
     assert rows["transformers plain"]["ratio"] > 0
     assert rows["transformers plain"]["same_tokens"] == 1  # greedy: transformers' tokens are mtpkit's
-    assert any("no LiteRT graphs" in n for n in sec["notes"])
+    assert any("no LiteRT-LM rows: this export has no litert graphs" in n for n in sec["notes"])
     assert "## Peers" in (tmp_path / "bench.md").read_text()
 
 
@@ -112,7 +113,7 @@ def test_peer_checkpoints_are_checked_before_the_bench(tmp_path):
     from types import SimpleNamespace
 
     from mtpkit.errors import CheckpointError
-    from mtpkit.export.peers import resolve_sources
+    from mtpkit.bench.peers import resolve_sources
 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
@@ -128,7 +129,7 @@ def test_peer_checkpoints_are_found_from_any_working_directory(tmp_path, monkeyp
     """manifest source.*.folder (absolute) is used when the ref was a path relative to where export ran."""
     from types import SimpleNamespace
 
-    from mtpkit.export.peers import resolve_sources
+    from mtpkit.bench.peers import resolve_sources
 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")

@@ -36,7 +36,7 @@ def accepted_runs(engine, ids: list[int], max_new_tokens: int) -> list[int]:
     from mtpkit.runtime.speculative import _draft
 
     greedy = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=max_new_tokens, mtp=False))]
-    seq, (target, drafter), depth = ids + greedy, engine._raw, oracle_depth(engine)
+    seq, (target, drafter), depth = ids + greedy, engine.untimed, oracle_depth(engine)
     hidden = [None] * (len(ids) - 1) + list(target.forward(ids, 0)[1][-1:])  # the prompt's last row is all used
     for start in range(len(ids), len(seq) - 1, depth + 1):  # the cache and activations of every position
         hidden += list(target.forward(seq[start:start + depth + 1], start)[1])

@@ -49,7 +49,7 @@ def engine_with(export: str, setting) -> Engine:
 
 
 def per_call(engine: Engine, ids: list[int]) -> dict[str, float]:
-    target, drafter = engine._raw
+    target, drafter = engine.untimed
     _, hidden = target.forward(ids, 0)
     pos, out = len(ids), {"decode": [], "verify 5": [], "draft": []}
     view = target.kv.drafter_view(pos, "clean")

@@ -4,7 +4,9 @@ Each module `export/backends/<kind>.py` provides
 - `export(job: ExportJob) -> manifest.Backend`: it writes its graph files into job.folder and returns its manifest
   entry (graph files with sha256, signatures whose tensors carry roles from the role table, backend options);
 - `check(manifest, job, ids) -> list[verify.GraphCheck]`: its float graphs against PyTorch (export/verify.py);
-- `quantize(folder, backend, recipes, block_size, accuracy_level, ple_bits) -> manifest.Backend`.
+- `quantize(folder, backend, recipes, block_size, accuracy_level, ple_bits) -> manifest.Backend`: its float
+  graphs rewritten under the recipes (only called for a quantized export);
+- `MEMORY: ExportMemory`: what its phases cost, for the memory preflight (export/preflight.py).
 The pipeline only orchestrates.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mtpkit.runtime.manifest import KVLayer
 
@@ -42,3 +44,18 @@ class ExportJob:
 
     def kv_layer(self, layer: int) -> KVLayer:
         return next(d for d in self.kv_layers if d.layer == layer)
+
+
+@dataclass(frozen=True)
+class ExportMemory:
+    """A backend's share of the export's peak memory (export/preflight.py), in bytes and in W: the target's and
+    the drafter's weights at 4 bytes per parameter. Measured, per backend, as docs/export-memory.md describes."""
+
+    base: int  # bytes: the process with this backend's export modules imported, before any weight is loaded
+    graphs: float  # growth in W of its graphs phase, beyond the loaded model
+    quantize: Callable[[set], float]  # growth in W of its quantize phase for the set of recipes used
+    kept: float = 0.0  # W that stays resident after its graphs phase (what the allocator keeps, or a copy)
+    # anonymous memory of an export of this backend alone, per phase: (fixed MiB, growth in W), fitted for the
+    # recipes in anonymous_recipes; None: not measured, anonymous = resident
+    anonymous: dict[str, tuple[float, float]] | None = None
+    anonymous_recipes: frozenset = frozenset()

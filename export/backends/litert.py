@@ -23,13 +23,22 @@ from torch import nn
 from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
 
 from ..litert_patches import import_export_hf, litert_workarounds
+from ..phases import MB
 from ..scoped import output_captured, patched, patched_all
-from . import ExportJob
+from . import ExportJob, ExportMemory
 
 log = logging.getLogger("mtpkit")
 from ..models import gemma4_assistant, gemma4_text
 
 MASK_HIDDEN = float(-0.7 * np.finfo(np.float32).max)  # what LiteRT-LM writes (InitializeAttentionMask, fp32)
+# The memory preflight's figures (export/preflight.py; e2b / e2b-wide peaks in MiB, W = 580.5; docs/export-memory.md)
+MEMORY = ExportMemory(
+    base=1000 * MB,  # beside the ONNX export's modules: litert-torch, TensorFlow Lite, ai-edge-quantizer (953 MB)
+    graphs=4.3,  # export_hf loads the checkpoint again and converts it to flatbuffers (4078, 4084)
+    quantize=lambda recipes: 3.0,
+    # the phases after it measured ~1 W above the ONNX-only export's (reference 2189 vs 1137, check 2844 vs 1881,
+    # beyond the larger base): freed memory the allocator keeps, or a copy
+    kept=1.0)
 
 class LiteRTDraftStep(nn.Module):
     """Gemma 4 assistant step over the target's LiteRT KV caches (K [1,h,C,d], V transposed [1,h,d,C]).

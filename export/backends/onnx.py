@@ -26,8 +26,9 @@ import torch
 
 from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Manifest, Signature, TensorSpec, sha256_file
 
+from ..phases import MB
 from ..scoped import logger_level, root_logging_kept
-from . import ExportJob, onnx_fusions, onnx_stream
+from . import ExportJob, ExportMemory, onnx_fusions, onnx_stream
 from .onnx_embedding import drop_stale_data, quantize_shared_table, save_with_table_external
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,29 @@ INT_RECIPES = ("int8", "int4", "int8-dynamic")  # the PLE table follows --ple-qu
 TABLE_BITS = {"int8": 8, "int4": 4, "int8-dynamic": 8}
 PAST = "past_window.{layer}.{kind}"
 NEW = "new.{layer}.{kind}"
+STREAMED = frozenset({"fp32", "int8", "int4"})  # quantized tensor by tensor; fp16 and int8-dynamic load the whole graph
+
+
+def _quantize_growth(recipes: set) -> float:
+    """The quantize phase in W (e2b-wide, MiB): the float graphs loaded again and quantized beside them, then
+    measured (int4 loading the graph whole: 2321); int8 / int4 packed tensor by tensor from the float graph's mapped
+    data (onnx_stream.py) while the float graphs run unpacked for the reference figures (int4: 1787).
+    int8-dynamic's quantize_dynamic reads its own shape-inferred copy of the float graph: 1.1 W more (3010)."""
+    growth = 1.0 if recipes <= STREAMED else 1.8
+    return max(growth, 1.8 + 1.1) if "int8-dynamic" in recipes else growth
+
+
+# The memory preflight's figures (export/preflight.py; docs/export-memory.md). Anonymous memory per phase: fixed
+# MiB + growth x W (session phases: W less the mapped PLE table), beyond a held copy converted from the stored dtype
+# and, while quantizing, the quantized weights; fitted through e2b-wide (W = 580 MiB) and the full-size E2B
+# (W = 17954 MiB), both int4 and held as stored, plus 20% (docs/export-memory.md, "Resident and anonymous").
+MEMORY = ExportMemory(
+    base=600 * MB,  # the interpreter, torch, transformers, onnx, onnxruntime (tiny e2b's largest phase: 581 MB)
+    graphs=0.15,  # streamed (onnx_stream.py): the IR, one tensor in flight (e2b-wide fp32 held 1159, bf16 held 971)
+    quantize=_quantize_growth,
+    anonymous={"load": (330, 0.021), "onnx graphs": (600, 0.028), "reference": (420, 0.173), "check": (235, 0.52),
+               "quantize": (450, 0.28), "acceptance": (410, 0.51)},
+    anonymous_recipes=STREAMED)
 
 
 def export(job: ExportJob) -> Backend:

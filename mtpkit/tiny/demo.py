@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mtpkit.cli import CommandError
+    from mtpkit.errors import CommandError
     from mtpkit.export.config import ExportConfig
     from mtpkit.export.pipeline import export_model
     from mtpkit.runtime.parity import run_parity

@@ -3,15 +3,14 @@ model.litertlm with speculative decoding off and on, on the demo's held-out prom
 
 mtpkit's own LiteRT backend is the desktop reference (parity, the cost model); what a phone runs is LiteRT-LM,
 whose speculative decoding reads the bundle's MTP drafter section. Its rows come from `mtpkit bench --peers`
-(export/peers.py, runtime/peers.py): every repeat runs every prompt with speculation off, then on, so both see
-the same machine load; ms/token is the whole call's wall time over its new tokens (prefill included). Reported,
-never asserted.
+(runtime/backends/litert_lm.py, runtime/peers.py): every repeat runs every prompt with speculation off, then on,
+so both see the same machine load; ms/token is the whole call's wall time over its new tokens (prefill included).
+Reported, never asserted.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 from pathlib import Path
 
@@ -23,14 +22,14 @@ def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: i
     unless given, as mtpkit's LiteRT backend."""
     from importlib.metadata import version
 
-    from mtpkit.export.peers import litert_lm_peers
-    from mtpkit.export.scoped import output_captured
     from mtpkit.runtime import peers as lib
+    from mtpkit.runtime.backends import litert
     from mtpkit.runtime.manifest import load_manifest
+    from mtpkit.runtime.quiet import output_captured
 
     prompts = [lib.PeerPrompt(str(i), text, ()) for i, text in enumerate(texts)]
     with contextlib.ExitStack() as stack:
-        plain, spec = litert_lm_peers(load_manifest(out), threads or os.cpu_count() or 1, max_new_tokens, stack)
+        plain, spec = litert.peers(load_manifest(out), threads, max_new_tokens, stack)
         with output_captured("LiteRT-LM's first calls"):
             lib.warm_up([plain, spec], prompts[0])
         runs = lib.measure([plain, spec], prompts, repeats)

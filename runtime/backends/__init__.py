@@ -1,13 +1,21 @@
 """Runtime backends, one module per graph format, mirroring export/backends/ (see runtime/roles.py BACKENDS).
 
-Each module `runtime/backends/<kind>.py` provides `load(manifest, backend, threads) -> (Target, Drafter)`;
-the draft-verify loop is typed against the Protocols below and never sees a backend class.
+Each module `runtime/backends/<kind>.py` provides
+- `load(manifest, backend, threads) -> (Target, Drafter)`; the draft-verify loop is typed against the Protocols
+  below and never sees a backend class;
+- optionally `load_errors() -> tuple of exception types` that mean "this graph file is unreadable" to its graph
+  runtime (reported as a damaged export, not as a bug in mtpkit);
+- optionally `check_options(options: dict, where: str)`, raising ManifestError for backend options it cannot
+  use (runtime/schema.py calls it when the manifest is read);
+- optionally `peers(manifest, threads, max_new_tokens, stack) -> list[runtime.peers.Peer]`: the format's own
+  runtime, timed beside mtpkit by `mtpkit bench --peers`, and `PEERS`, their name for the report.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -50,6 +58,10 @@ class Target(Protocol[View_co]):
     def max_draft(self) -> int | None:
         """Drafts one verify call can take (None: any)."""
 
+    @property
+    def threads(self) -> dict[str, int]:
+        """Intra-op threads of each graph (by manifest graph name), as the backend opened it."""
+
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int: ...
 
     def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,7 +78,8 @@ class Drafter(Protocol[View_contra]):
 
 def open_backend(manifest: Manifest, kind: str | None = None,
                  threads: int | None = None) -> tuple[Target[Any], Drafter[Any]]:
-    """Target and drafter of one backend of the export (default: onnx when present)."""
+    """Target and drafter of one backend of the export (default: Manifest.backend's, the first in role-table
+    order)."""
     name = kind or manifest.backend().kind
     info = BACKENDS.get(name)
     if info is None:
@@ -76,18 +89,14 @@ def open_backend(manifest: Manifest, kind: str | None = None,
     if info.extra:  # before looking into the export: say what to install first
         require(info.extra, f"the {name} runtime backend (--backend {name})", info.runtime_modules)
     backend = manifest.backend(name)
-    module = importlib.import_module(f"{__name__}.{name}")
+    module = backend_module(name)
     try:
         return module.load(manifest, backend, threads)
-    except _load_errors(name) as e:  # sha256 matched, yet the graph runtime cannot read the file
+    except getattr(module, "load_errors", tuple)() as e:  # sha256 matched, yet its graph runtime cannot read it
         raise ManifestError(f"the {name} graphs in {manifest.root} cannot be loaded "
                             f"({' '.join(str(e).split())[:300]}); re-export the model") from e
 
 
-def _load_errors(kind: str) -> tuple[type[BaseException], ...]:
-    """Exceptions that mean "this graph file is unreadable" for a backend's runtime (not a bug in mtpkit)."""
-    if kind == "onnx":
-        from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
-
-        return ort_errors.InvalidProtobuf, ort_errors.InvalidGraph, ort_errors.NoSuchFile, ort_errors.Fail
-    return ()
+def backend_module(kind: str) -> ModuleType:
+    """runtime/backends/<kind>.py (a kind from the role table)."""
+    return importlib.import_module(f"{__name__}.{kind}")

@@ -8,6 +8,7 @@ are positional, so that garbage is never visible and is overwritten later, exact
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable, TypeAlias
 
@@ -15,11 +16,26 @@ import numpy as np
 
 from ..handoff import CacheFullError, LastCall, Ranges, drafter_ranges
 from ..manifest import Backend, Manifest
+from ..peers import Peer
 from ..quiet import output_captured
 from . import Drafter, Feeds, Target
 
 # the drafter's view of the cache: None for the clean hand-off (the draft graph masks in-graph), else hf's ranges
 RangesView: TypeAlias = Ranges | None
+
+PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
+
+
+def default_threads(threads: int | None) -> int:
+    """Every graph runs with --threads, else all cores (LiteRT-LM, a peer, gets the same)."""
+    return threads or os.cpu_count() or 1
+
+
+def peers(manifest: Manifest, threads: int | None, max_new_tokens: int, stack: contextlib.ExitStack) -> list[Peer]:
+    """LiteRT-LM on the export's .litertlm bundle, speculative decoding off and on (runtime/backends/litert_lm.py)."""
+    from .litert_lm import litert_lm_peers
+
+    return litert_lm_peers(manifest, default_threads(threads), max_new_tokens, stack)
 
 
 class LiteRtSession:
@@ -33,8 +49,9 @@ class LiteRtSession:
         for name, graph in backend.graphs.items():
             if not graph.file.endswith(".tflite"):
                 continue  # the .litertlm bundle is for LiteRT-LM, not for signature runners
-            interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=threads or os.cpu_count() or 1)
+            interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=default_threads(threads))
             self._runners[name] = interp
+        self.threads = {name: default_threads(threads) for name in self._runners}
         self._cache: dict[str, Callable[..., dict[str, np.ndarray]]] = {}
 
     def run(self, signature: str, feeds: Feeds) -> Feeds:
@@ -93,6 +110,10 @@ class StateTarget:
         self.verify_len = int(opts["verify_len"])
         self.max_draft = self.verify_len - 1
         self.calls = 0
+
+    @property
+    def threads(self) -> dict[str, int]:
+        return self.session.threads
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         n = self.prefill[-1]["num_tokens"]

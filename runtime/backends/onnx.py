@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TypeAlias, cast
 
 import numpy as np
 
+from .. import schema
 from ..embedding_table import QuantizedTable
 from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest, ManifestError
@@ -27,6 +28,24 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
 StoreView: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]]  # the drafter's view: store-layer K, V per layer type
+
+# What this backend reads of backends.onnx.options: the embedding table it shares with the target graph, and the
+# oldest ONNX Runtime its fused graphs run on
+OPTIONS = schema.fields(
+    {"embedding": schema.fields({"file": schema.STR, "dtype": schema.STR, "shape": schema.items(schema.integer(1), 2),
+                                 "scale": schema.NUMBER}, {"offset": schema.integer()})},
+    {"min_onnxruntime": schema.optional(schema.release)})
+
+
+def check_options(options: dict, where: str) -> None:
+    OPTIONS(options, where)
+
+
+def load_errors() -> tuple[type[BaseException], ...]:
+    """What ONNX Runtime raises for a graph file it cannot read."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+    return ort_errors.InvalidProtobuf, ort_errors.InvalidGraph, ort_errors.NoSuchFile, ort_errors.Fail
 
 
 class OrtSession:
@@ -72,6 +91,10 @@ class OrtSession:
         opts.log_severity_level = 3
         return ort.InferenceSession(str(manifest.path(backend.graphs[graph].file)), opts,
                                     providers=["CPUExecutionProvider"])
+
+    def wrap_graph_calls(self, wrap: Callable[[Callable], Callable]) -> None:
+        """Replace each graph's own ONNX Runtime call by wrap(call) (tools/host_overhead.py times them)."""
+        self._run = {name: wrap(run) for name, run in self._run.items()}
 
     def run(self, signature: str, feeds: Feeds) -> Feeds:
         """feeds and outputs are keyed by TensorSpec.key: (role, layer or layer type)."""
@@ -197,6 +220,10 @@ class Target:
     def __init__(self, session: OrtSession, kv: WindowKV):
         self.session, self.kv = session, kv
         self.calls = 0
+
+    @property
+    def threads(self) -> dict[str, int]:
+        return self.session.threads
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         return prompt_len + max_new_tokens
