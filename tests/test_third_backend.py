@@ -29,8 +29,13 @@ def _export_module() -> types.ModuleType:
         graphs = {name: dataclasses.replace(g, backend=KIND) for name, g in entry.graphs.items()}
         return dataclasses.replace(entry, kind=KIND, graphs=graphs)
 
+    def check(manifest, job, ids):  # the graph check any backend gets: its graphs driven through its runtime
+        from mtpkit.export.verify import check_runtime
+
+        return check_runtime(manifest, KIND, job.target, job.drafter, ids)
+
     module = types.ModuleType(f"mtpkit.export.backends.{KIND}")
-    module.export = export
+    module.export, module.check = export, check
     module.MEMORY = ExportMemory(base=600 * MB, graphs=0.15, quantize=lambda recipes: 1.8)
     return module
 
@@ -87,12 +92,14 @@ def test_a_third_backend_exports_loads_and_generates(relay, tiny_checkpoints, tm
     from mtpkit.runtime.parity import run_parity
 
     target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
-    out = mtpkit.export_pair(target, drafter, tmp_path / "relay", backend=KIND, check=False, reference_tokens=8,
+    out = mtpkit.export_pair(target, drafter, tmp_path / "relay", backend=KIND, reference_tokens=8,
                              max_cache_len=128)
     manifest = load_manifest(out)
     assert list(manifest.backends) == [KIND] and manifest.backend().kind == KIND
     assert manifest.export["preflight"]["estimated_phases_mb"][f"{KIND} graphs"] > 0
-    assert manifest.generation["acceptance_by_position"]  # measured on the relay graphs by the pipeline
+    assert manifest.backend().options["acceptance_by_position"]  # measured on the relay graphs by the pipeline
+    checks = json.loads((out / "graph_parity.json").read_text())  # its float graphs were checked against PyTorch
+    assert checks and {c["backend"] for c in checks} == {KIND} and all(c["ok"] for c in checks)
 
     # generate: the relay graphs give transformers' greedy tokens, plain and speculative
     engine = Engine(out, threads=1)
