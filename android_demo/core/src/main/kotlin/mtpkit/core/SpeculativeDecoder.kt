@@ -3,7 +3,7 @@ package mtpkit.core
 /**
  * The draft-verify loop (one screen), the plain baseline and draft-length schedules; mirrors runtime/speculative.py.
  *
- * Per round: the drafter proposes numDraft tokens from the target's activations and store-layer K/V, the target
+ * Per round: the drafter proposes k tokens from the target's activations and store-layer K/V, the target
  * verifies [newest, d1..dk] in one call, greedy acceptance keeps a prefix plus one target token. Rollback of the
  * rejected drafts is `pos` moving forward by only n + 1: their K/V slots are simply overwritten later.
  */
@@ -39,13 +39,13 @@ fun speculativeGenerate(target: Target, drafter: Drafter, prompt: IntArray, sche
     var produced = 1
     yield(Emitted(token, false))
     while (produced < maxNewTokens && token !in eosIds) {
-        val numDraft = minOf(schedule.k, maxNewTokens - produced - 1) // never draft past maxNewTokens
-        val drafts = draft(drafter, target.drafterView(pos), token, h, pos, numDraft)
+        val k = minOf(schedule.k, maxNewTokens - produced - 1) // never draft past maxNewTokens
+        val drafts = draft(drafter, target.drafterView(pos), token, h, pos, k)
         val verified = target.forward(intArrayOf(token, *drafts), pos)
         val (n, next) = verify(verified.logits, drafts)
-        if (numDraft > 0) {
-            stats.round(numDraft, n, drafts)
-            schedule.update(n, numDraft)
+        if (k > 0) {
+            stats.round(k, n, drafts)
+            schedule.update(n, k)
         }
         for (d in drafts.take(n)) {
             yield(Emitted(d, true))
@@ -59,11 +59,11 @@ fun speculativeGenerate(target: Target, drafter: Drafter, prompt: IntArray, sche
     }
 }
 
-/** numDraft drafter steps at a constant position, each fed its own greedy token and projected activations. */
-private fun draft(drafter: Drafter, view: DrafterView, token: Int, h: FloatArray, pos: Int, numDraft: Int): IntArray {
-    val drafts = IntArray(numDraft)
+/** k drafter steps at a constant position, each fed its own greedy token and projected activations. */
+private fun draft(drafter: Drafter, view: DrafterView, token: Int, h: FloatArray, pos: Int, k: Int): IntArray {
+    val drafts = IntArray(k)
     var (last, act) = token to h
-    for (i in 0 until numDraft) {
+    for (i in 0 until k) {
         val out = drafter.step(last, act, pos, view)
         last = argmax(out.logits)
         act = out.activations
