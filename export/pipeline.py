@@ -267,7 +267,8 @@ def _copy_hf_files(src: Path, dst: Path) -> tuple[dict, dict]:
     """Copy the tokenizer files and the target's config.json / generation_config.json (as HF users expect).
 
     Returns:
-        (the manifest's hf_files entry, its tokenizer entry)
+        (the manifest's hf_files entry, its tokenizer entry: the files the runtime reads, with their sha256; the
+        other copies are for HF tools and never read by mtpkit)
     """
     for name in (*TOKENIZER_FILES, "config.json", "generation_config.json"):
         if (src / name).is_file():
@@ -278,8 +279,11 @@ def _copy_hf_files(src: Path, dst: Path) -> tuple[dict, dict]:
     template = tokenizer_config.get("chat_template")
     if not (dst / "chat_template.jinja").is_file() and isinstance(template, str):
         (dst / "chat_template.jinja").write_text(template)
-    entry = {"file": "tokenizer.json", "add_bos": bool(tokenizer_config.get("add_bos_token", True)),
-             "chat_template_file": "chat_template.jinja" if (dst / "chat_template.jinja").is_file() else None}
+    entry = {"file": "tokenizer.json", "sha256": sha256_file(dst / "tokenizer.json"),
+             "add_bos": bool(tokenizer_config.get("add_bos_token", True)), "chat_template_file": None}
+    if (dst / "chat_template.jinja").is_file():
+        entry.update(chat_template_file="chat_template.jinja",
+                     chat_template_sha256=sha256_file(dst / "chat_template.jinja"))
     return hf_files, entry
 
 
@@ -293,6 +297,7 @@ def _write_reference(job: ExportJob, manifest: Manifest) -> dict:
     (job.folder / "reference.json").write_text(json.dumps(ref) + "\n")
     np.savez(job.folder / "reference.npz", **arrays)
     return {"file": "reference.json", "sha256": sha256_file(job.folder / "reference.json"), "arrays": "reference.npz",
+            "arrays_sha256": sha256_file(job.folder / "reference.npz"),
             "draft_lengths": list(reference_lib.DRAFT_LENGTHS)}
 
 

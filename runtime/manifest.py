@@ -102,12 +102,12 @@ class Manifest:
     source: dict  # where target and drafter came from (path or hub id, revision)
     model: dict  # vocab_size, hidden_size, sliding_window, num_layers, drafter_hidden_size, ...
     tokens: dict  # bos, pad, eos (list)
-    tokenizer: dict  # file, chat_template_file
+    tokenizer: dict  # file, sha256, add_bos, chat_template_file, chat_template_sha256
     generation: dict  # num_assistant_tokens, max_cache_len
     kv_cache: dict  # capacity, dtype, layers [KVLayer], drafter_layers {type: layer}
     backends: dict[str, Backend]  # onnx and/or litert (runtime/roles.py BACKENDS)
     quantization: dict
-    reference: dict | None = None
+    reference: dict | None = None  # file, sha256, arrays, arrays_sha256, draft_lengths
     hf_files: dict = field(default_factory=dict)  # the target's config.json / generation_config.json, copied
     export: dict = field(default_factory=dict)  # how the export ran: per-phase time and peak RSS, the memory preflight
     root: Path = field(default=Path("."), compare=False)
@@ -143,6 +143,21 @@ class Manifest:
             raise ManifestError(f"{path} leads outside the export folder (a symlink to {path.resolve()}); "
                                 "refusing to read it")
         return path
+
+    def hashed_files(self) -> list[tuple[str, str, str]]:
+        """(what, file, sha256) for every file a runtime reads: each backend's graphs and their data files, the
+        tokenizer, the chat template and the transformers reference."""
+        files = [(f"{kind} {name} graph file", f, digest) for kind, b in self.backends.items()
+                 for name, g in b.graphs.items() for f, digest in [(g.file, g.sha256), *g.data_files.items()]]
+        t, r = self.tokenizer, self.reference or {}
+        files.append(("tokenizer file", t["file"], t["sha256"]))
+        if t.get("chat_template_file") is not None:
+            files.append(("chat template file", t["chat_template_file"], t["chat_template_sha256"]))
+        if r:
+            files.append(("reference file", r["file"], r["sha256"]))
+        if r.get("arrays") is not None:
+            files.append(("reference arrays file", r["arrays"], r["arrays_sha256"]))
+        return files
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -185,7 +200,8 @@ def _find(specs: list[TensorSpec], role: str, layer: int | str | None) -> Tensor
 
 
 def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
-    """Read DIR/manifest.json; with verify, check every graph and data file against its sha256.
+    """Read DIR/manifest.json; with verify, check every file a runtime reads (Manifest.hashed_files) against its
+    sha256.
 
     Raises:
         ManifestError: missing folder or manifest, unsupported schema, missing or modified files.
@@ -212,27 +228,25 @@ def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
 
 
 def verify_files(manifest: Manifest) -> None:
-    """Every graph and data file against its sha256 (files unchanged since an earlier check are not re-hashed:
+    """Every file a runtime reads against its sha256 (files unchanged since an earlier check are not re-hashed:
     runtime/verified.py)."""
-    graphs = [(f"{kind} {name}", g) for kind, b in manifest.backends.items() for name, g in b.graphs.items()]
     verified = VerifiedFiles()
     try:
-        for name, g in graphs:
-            _verify_graph(manifest, verified, name, g)
+        for what, fname, digest in manifest.hashed_files():
+            _verify_file(manifest, verified, what, fname, digest)
     finally:
         verified.save()
 
 
-def _verify_graph(manifest: Manifest, verified: VerifiedFiles, name: str, g: GraphFile) -> None:
-    for fname, digest in [(g.file, g.sha256), *g.data_files.items()]:
-        p = manifest.path(fname)
-        try:
-            found = p.is_file() and verified.digest(p)
-        except OSError as e:
-            raise ManifestError(f"{name} graph file {p} cannot be read ({e.strerror}); re-export the model") from e
-        if not found:
-            raise ManifestError(f"{name} graph file {p} is missing; re-export the model")
-        if found != digest:
-            raise ManifestError(
-                f"{p} does not match the sha256 in manifest.json (modified or corrupt); re-export the model"
-            )
+def _verify_file(manifest: Manifest, verified: VerifiedFiles, what: str, fname: str, digest: str) -> None:
+    p = manifest.path(fname)
+    try:
+        found = p.is_file() and verified.digest(p)
+    except OSError as e:
+        raise ManifestError(f"{what} {p} cannot be read ({e.strerror}); re-export the model") from e
+    if not found:
+        raise ManifestError(f"{what} {p} is missing; re-export the model")
+    if found != digest:
+        raise ManifestError(
+            f"{p} does not match the sha256 in manifest.json (modified or corrupt); re-export the model"
+        )

@@ -130,14 +130,16 @@ MANIFEST = fields({
     "model": fields({"vocab_size": integer(1), "hidden_size": integer(1), "sliding_window": integer(1)},
                     {"final_logit_softcapping": optional(NUMBER), "max_position_embeddings": integer(1)}),
     "tokens": fields({"eos": items(integer())}, {"bos": optional(integer()), "pad": optional(integer())}),
-    "tokenizer": fields({"file": STR}, {"add_bos": BOOL, "chat_template_file": optional(STR)}),
+    "tokenizer": fields({"file": STR, "sha256": STR},
+                        {"add_bos": BOOL, "chat_template_file": optional(STR), "chat_template_sha256": optional(STR)}),
     "generation": fields({"num_assistant_tokens": integer(1)},
                          {"num_assistant_tokens_schedule": STR}),
     "kv_cache": fields({"capacity": integer(1), "layers": items(KV_LAYER, 1), "sliding_past": integer(),
                         "drafter_sliding_visible": integer(),
                         "drafter_layers": fields({t: integer() for t in LAYER_TYPES})}),
     "backends": mapping(BACKEND, 1),
-}, {"reference": optional(fields({"file": STR, "draft_lengths": items(integer(1))}, {"arrays": STR})),
+}, {"reference": optional(fields({"file": STR, "sha256": STR, "draft_lengths": items(integer(1))},
+                                {"arrays": STR, "arrays_sha256": STR})),
     "hf_files": mapping(STR), "export": DICT})
 
 
@@ -159,6 +161,12 @@ def _check_kv_tensors(tensors: list[dict], layers: set, where: str) -> None:
             _fail(where, f"{role} tensors for every layer in kv_cache.layers", sorted(by_role[role]))
 
 
+def _check_hashed(entry: dict, where: str, file_key: str, hash_key: str) -> None:
+    """An optional file the entry names comes with its sha256 (the runtime reads only files it can verify)."""
+    if entry.get(file_key) is not None and entry.get(hash_key) is None:
+        raise ManifestError(f"manifest.json: {where}.{hash_key} is missing; re-export the model with this mtpkit")
+
+
 def check_manifest(data: Any) -> None:
     """Raise ManifestError naming the first field of `data` (parsed manifest.json) that a runtime cannot use."""
     from .backends import backend_module  # it imports the manifest module, which imports this one
@@ -166,6 +174,9 @@ def check_manifest(data: Any) -> None:
     if not isinstance(data, dict):
         _fail("the top level", "an object", data)
     MANIFEST(data, "")
+    _check_hashed(data["tokenizer"], "tokenizer", "chat_template_file", "chat_template_sha256")
+    if data.get("reference") is not None:
+        _check_hashed(data["reference"], "reference", "arrays", "arrays_sha256")
     layers = {d["layer"] for d in data["kv_cache"]["layers"]}
     for layer_type, layer in data["kv_cache"]["drafter_layers"].items():
         if layer not in layers:

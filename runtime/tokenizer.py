@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NoReturn
 
 from mtpkit.errors import UsageError
 
+from .chat_template import MAX_TEMPLATE_BYTES, render
 from .manifest import Manifest, ManifestError
 
 if TYPE_CHECKING:
@@ -29,10 +30,13 @@ class TextCodec:
             raise ManifestError(f"{path} is not a valid tokenizer.json ({reason}); re-export the model") from e
         self.bos = manifest.tokens.get("bos")
         self.add_bos = bool(entry.get("add_bos", True)) and self.bos is not None
-        self.template = None
+        self.template, self.template_path = None, None
         if entry.get("chat_template_file"):
-            path = manifest.path(entry["chat_template_file"])
+            self.template_path = path = manifest.path(entry["chat_template_file"])
             try:
+                if path.stat().st_size > MAX_TEMPLATE_BYTES:
+                    raise ManifestError(f"the chat template {path} is larger than {MAX_TEMPLATE_BYTES} bytes, which "
+                                        "no chat template needs; re-export from a checkpoint with a working one")
                 self.template = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 raise ManifestError(f"cannot read the chat template {path} ({e}); re-export the model") from e
@@ -61,11 +65,11 @@ class TextCodec:
         return self.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes BOS itself
 
     def render_chat(self, messages: list[dict]) -> str:
+        """The conversation in the chat template, sandboxed and bounded (runtime/chat_template.py)."""
         if self.template is None:
             raise ManifestError("this export has no chat template; drop --chat or re-export from a checkpoint with one")
         bos = self.tokenizer.id_to_token(self.bos) if self.bos is not None else ""
-        return chat_environment().from_string(self.template).render(messages=messages, add_generation_prompt=True,
-                                                                    bos_token=bos)
+        return render(self.template, self.template_path, messages=messages, add_generation_prompt=True, bos_token=bos)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -111,37 +115,3 @@ def text_deltas(codec: TextCodec, tokens: Iterable[int]) -> Iterator[str]:
     tail = codec.decode(decoder.ids)[len(decoder.emitted):]
     if tail:
         yield tail
-
-
-def chat_environment() -> jinja2.Environment:
-    """A Jinja environment like transformers 5.24's apply_chat_template: sandboxed and immutable (a template from a
-    hub checkpoint cannot reach Python objects or mutate its inputs), trim/lstrip blocks, loop controls, the
-    `generation` tag, raise_exception, strftime_now and a tojson that does not escape HTML."""
-    import datetime
-    import json
-
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(jinja2.ext.Extension):  # {% generation %}...{% endgeneration %}: rendered as its body
-        tags = {"generation"}
-
-        def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller: Callable[[], str]) -> str:
-            return caller()
-
-    def raise_exception(message: str) -> NoReturn:
-        raise jinja2.exceptions.TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env

@@ -41,8 +41,9 @@ def test_a_symlink_leading_out_of_the_export_is_refused(tiny_exports, tmp_path):
 
 
 def test_chat_templates_render_sandboxed_and_like_transformers(tiny_exports):
-    from jinja2.exceptions import SecurityError, TemplateError
     from transformers import AutoTokenizer
+
+    from mtpkit.errors import UsageError
 
     from mtpkit.runtime.tokenizer import TextCodec
 
@@ -56,8 +57,8 @@ def test_chat_templates_render_sandboxed_and_like_transformers(tiny_exports):
                                                                      add_generation_prompt=True)
     codec = TextCodec(load_manifest(export))
     codec.template = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
-    with pytest.raises(SecurityError):
+    with pytest.raises(ManifestError, match="chat_template.jinja .line 1. cannot be rendered: SecurityError"):
         codec.render_chat([{"role": "user", "content": "x"}])
     codec.template = "{{ raise_exception('no system role') }}"
-    with pytest.raises(TemplateError, match="no system role"):
+    with pytest.raises(UsageError, match="chat_template.jinja refuses this conversation: no system role"):
         codec.render_chat([{"role": "user", "content": "x"}])

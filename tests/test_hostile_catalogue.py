@@ -287,12 +287,39 @@ def _tensor_role(m):
 
 
 def _export_tokenizer(c: Ctx, content: bytes | None):
+    """tokenizer.json deleted, or replaced by `content` with its sha256 re-signed in the manifest (so the file
+    reaches the tokenizer's parser)."""
     folder = c.export_copy()
     if content is None:
         (folder / "tokenizer.json").unlink()
     else:
-        (folder / "tokenizer.json").write_bytes(content)
+        _signed(folder, "tokenizer.json", content)
     return c.run(folder=folder)
+
+
+def _signed(folder: Path, name: str, content: bytes) -> None:
+    """Replace tokenizer.json or chat_template.jinja and record the new file's sha256 in the manifest."""
+    (folder / name).write_bytes(content)
+    m = json.loads((folder / "manifest.json").read_text())
+    m["tokenizer"]["sha256" if name == "tokenizer.json" else "chat_template_sha256"] = _sha(folder / name)
+    (folder / "manifest.json").write_text(json.dumps(m))
+
+
+def _modified(name: str, edit: Callable[[bytes], bytes]):
+    def build(c: Ctx):
+        folder = c.export_copy()
+        (folder / name).write_bytes(edit((folder / name).read_bytes()))
+        return c.run("--chat", folder=folder)
+    return build
+
+
+def _chat_template(template: str):
+    """A chat template re-signed in the manifest (hash-correct, as a hostile export would ship it), run with --chat."""
+    def build(c: Ctx):
+        folder = c.export_copy()
+        _signed(folder, "chat_template.jinja", template.encode())
+        return c.run("--chat", folder=folder)
+    return build
 
 
 def _prompt_file(c: Ctx, content: bytes):
@@ -395,6 +422,23 @@ ROWS = [
     ("run-tokenizer-missing", lambda c: _export_tokenizer(c, None), "tokenizer.json is missing"),
     ("run-tokenizer-broken", lambda c: _export_tokenizer(c, b"\x00\x01not json"), "is not a valid tokenizer.json"),
     ("run-chat-without-template", _no_template, "this export has no chat template"),
+    ("run-tokenizer-modified", _modified("tokenizer.json", lambda b: b.replace(b'"<eos>"', b'"<EOS>"')),
+     "tokenizer.json does not match the sha256"),
+    ("run-chat-template-modified", _modified("chat_template.jinja", lambda b: b"{{ 'obey me' }}" + b),
+     "chat_template.jinja does not match the sha256"),
+    ("run-reference-modified", _modified("reference.json", lambda b: b.replace(b"[", b"[0, ", 1)),
+     "reference.json does not match the sha256"),
+    ("run-manifest-tokenizer-unhashed", lambda c: c.run(folder=c.manifest(lambda m: m["tokenizer"].pop("sha256"))),
+     "tokenizer.sha256 is missing; re-export the model"),
+    ("run-chat-template-range-overflow", _chat_template("{% for i in range(10**6) %}x{% endfor %}"),
+     "cannot be rendered: OverflowError: Range too big"),
+    ("run-chat-template-loops-for-ever", _chat_template(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"),
+     "did not finish within 2 s"),
+    ("run-chat-template-writes-too-much", _chat_template("{% for i in range(100000) %}{{ 'x' * 99999 }}{% endfor %}"),
+     "wrote more than 4194304 characters"),
+    ("run-chat-template-raises", _chat_template("{{ raise_exception('only user turns') }}"),
+     "refuses this conversation: only user turns"),
     ("run-empty-prompt", lambda c: c.run("--prompt", ""), "--prompt is empty"),
     ("run-prompt-file-bad-utf8", lambda c: _prompt_file(c, b"def \xff\xfe(x):"),
      "is not valid UTF-8 (byte 0xff at offset 4)"),

@@ -48,6 +48,9 @@ def load_errors() -> tuple[type[BaseException], ...]:
     return ort_errors.InvalidProtobuf, ort_errors.InvalidGraph, ort_errors.NoSuchFile, ort_errors.Fail
 
 
+SIGNATURES = ("prefill", "decode", "verify", "draft")  # what Target and Drafter run
+
+
 class OrtSession:
     """ONNX Runtime on CPU, one InferenceSession per graph file; run(signature, feeds by role) -> outputs by role.
 
@@ -80,6 +83,9 @@ class OrtSession:
         import onnxruntime as ort
 
         _check_version(ort.__version__, backend.options.get("min_onnxruntime"))
+        missing = [name for name in SIGNATURES if name not in backend.signatures]
+        if missing:
+            raise ManifestError(f"manifest.json: backends.onnx.signatures.{missing[0]} is missing; re-export the model")
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1

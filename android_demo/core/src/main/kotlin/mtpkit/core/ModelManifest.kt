@@ -64,6 +64,7 @@ data class ModelManifest(
     val slidingPast: Int,
     val drafterSlidingVisible: Int,
     val onnx: OnnxBackend,
+    val tokenizerSha256: String, // checked by verifyFiles, like the graphs: the app reads the file
     val tokenizerFile: String = "tokenizer.json", // what an app's tokenizer loads (core does not tokenize)
     val bos: Int? = null,
     val addBos: Boolean = true, // prepend bos to a plain (non-chat) prompt, as runtime/tokenizer.py does
@@ -122,6 +123,7 @@ data class ModelManifest(
                 drafterSlidingVisible = kv.int("drafter_sliding_visible"),
                 onnx = onnxBackend(d.obj("backends"), root),
                 tokenizerFile = d.obj("tokenizer").string("file"),
+                tokenizerSha256 = d.obj("tokenizer").string("sha256"),
                 bos = d.obj("tokens").optInt("bos"),
                 addBos = d.obj("tokenizer").map["add_bos"] as? Boolean ?: true,
             )
@@ -140,16 +142,20 @@ data class ModelManifest(
             )
         }
 
-        /** Mirrors verify_files in runtime/manifest.py: a modified export is refused before it runs. */
+        /** Mirrors verify_files in runtime/manifest.py: a modified export is refused before it runs. Checks every
+         *  file the app reads: the ONNX graphs and their data files, and the tokenizer. */
         fun verifyFiles(m: ModelManifest) {
             for ((name, g) in m.onnx.graphs) {
-                for ((file, digest) in mapOf(g.file to g.sha256) + g.dataFiles) {
-                    val f = m.path(file)
-                    if (!f.isFile) throw ManifestError("onnx $name graph file $f is missing; re-export the model")
-                    if (sha256(f) != digest) {
-                        throw ManifestError("$f does not match the sha256 in manifest.json (modified or corrupt); re-export the model")
-                    }
-                }
+                for ((file, digest) in mapOf(g.file to g.sha256) + g.dataFiles) verifyFile(m, "onnx $name graph file", file, digest)
+            }
+            verifyFile(m, "tokenizer file", m.tokenizerFile, m.tokenizerSha256)
+        }
+
+        private fun verifyFile(m: ModelManifest, what: String, file: String, digest: String) {
+            val f = m.path(file)
+            if (!f.isFile) throw ManifestError("$what $f is missing; re-export the model")
+            if (sha256(f) != digest) {
+                throw ManifestError("$f does not match the sha256 in manifest.json (modified or corrupt); re-export the model")
             }
         }
 

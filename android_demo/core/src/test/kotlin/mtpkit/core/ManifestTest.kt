@@ -75,6 +75,22 @@ class ManifestTest {
     }
 
     @Test
+    fun refusesAModifiedTokenizer() {
+        val digest = ModelManifest.sha256(File(exportDir(), "tokenizer.json"))
+        assertEquals(digest, ModelManifest.load(exportDir()).tokenizerSha256)
+        val message = refusal(editedExport { it.replace(digest, "0".repeat(64)) })
+        assertTrue("tokenizer.json does not match the sha256" in message, message)
+    }
+
+    @Test
+    fun refusesAManifestWithoutTheTokenizersSha256() {
+        val data = Json.parse(File(exportDir(), MANIFEST_NAME).readText()) as Map<*, *>
+        val tokenizer = (data["tokenizer"] as Map<*, *>) - "sha256"
+        val e = assertThrows(ManifestError::class.java) { ModelManifest.parse(data + ("tokenizer" to tokenizer), exportDir()) }
+        assertTrue("malformed" in e.message!! && "sha256" in e.message!!, e.message)
+    }
+
+    @Test
     fun refusesTextThatIsNotJson() {
         val message = refusal(editedExport { it.dropLast(3) })
         assertTrue("not valid JSON" in message, message)
