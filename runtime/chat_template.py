@@ -13,10 +13,13 @@ import datetime
 import functools
 import json
 from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, NoReturn, cast
 
 import jinja2
 import jinja2.ext
+import jinja2.parser
 from jinja2 import nodes
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
@@ -32,7 +35,7 @@ class _Refusal(Exception):
     """raise_exception(message) called by the template."""
 
 
-def render(template: str, path: Path, **variables) -> str:
+def render(template: str, path: Path, **variables: Any) -> str:
     """The template rendered with `variables`, within the bounds.
 
     Raises:
@@ -86,11 +89,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset({"+", "*", "**", "%"})
 
-    def __init__(self, guard: Guard, **options):
+    def __init__(self, guard: Guard, **options: Any) -> None:
         super().__init__(**options)
         self.guard = guard
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature: kwargs may be "self")
+    # jinja's signature, hence __self (N805): kwargs may be "self"
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         __self.guard.tick()
         method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
         owner, name = getattr(method, "__self__", None), getattr(method, "__name__", None)
@@ -100,7 +104,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             check_call(UPPER_BOUNDS["method"][name], owner, args, kwargs)
         return __self.guard.sized(super().call(__context, __obj, *args, **kwargs))
 
-    def call_binop(self, context, operator, left, right):
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         self.guard.tick()
         check_binop(operator, left, right)
         return self.guard.sized(super().call_binop(context, operator, left, right))
@@ -110,27 +114,30 @@ class _Instrument(NodeTransformer):
     """Routes every loop's items, every piece of output, every `~` and every literal through the guard's filters."""
 
     def visit_For(self, node: nodes.For) -> nodes.For:
-        node = self.generic_visit(node)
-        node.iter = _filtered(node.iter, _LOOP)
+        self.generic_visit(node)  # transforms node in place (and returns it)
+        node.iter = _filtered(cast(nodes.Expr, node.iter), _LOOP)  # jinja types it Node; the parser reads an Expr
         return node
 
     def visit_Output(self, node: nodes.Output) -> nodes.Output:
-        node = self.generic_visit(node)
+        self.generic_visit(node)
         node.nodes = [_filtered(child, _OUT) for child in node.nodes]
         return node
 
-    def visit_Concat(self, node: nodes.Concat) -> nodes.Filter:
-        return _filtered(self.generic_visit(node), _SIZED)
+    def visit_Concat(self, node: nodes.Concat | nodes.List | nodes.Dict) -> nodes.Filter:
+        self.generic_visit(node)
+        return _filtered(node, _SIZED)
 
     visit_List = visit_Dict = visit_Concat
 
     def visit_Tuple(self, node: nodes.Tuple) -> nodes.Expr:
-        node = self.generic_visit(node)
+        self.generic_visit(node)
         return _filtered(node, _SIZED) if node.ctx == "load" else node  # not an assignment target
 
 
 def _filtered(node: nodes.Expr, name: str) -> nodes.Filter:
-    return nodes.Filter(node, name, [], [], None, None).set_lineno(node.lineno or 1)
+    filtered = nodes.Filter(node, name, [], [], None, None)
+    filtered.set_lineno(node.lineno or 1)
+    return filtered
 
 
 def _environment(guard: Guard) -> _Sandbox:
@@ -141,7 +148,7 @@ def _environment(guard: Guard) -> _Sandbox:
     env.filters["tojson"] = _tojson
     env.filters = {name: _guarded_filter(guard, name, f) for name, f in env.filters.items()}
 
-    def loop_items(_context, iterable):
+    def loop_items(_context: Context, iterable: Iterable[Any]) -> Iterator[Any]:
         for item in iterable:
             guard.tick()
             yield item
@@ -155,12 +162,12 @@ def _environment(guard: Guard) -> _Sandbox:
     return env
 
 
-def _guarded_filter(guard: Guard, name: str, f):
+def _guarded_filter(guard: Guard, name: str, f: Callable[..., Any]) -> Callable[..., Any]:
     skip = 0 if getattr(f, "jinja_pass_arg", None) is None else 1  # a context / eval_ctx / environment comes first
     size = UPPER_BOUNDS["filter"].get(name)
 
     @functools.wraps(f)  # keeps jinja_pass_arg
-    def guarded(*args, **kwargs):
+    def guarded(*args: Any, **kwargs: Any) -> Any:
         guard.tick()
         if size is not None and len(args) > skip:
             value = materialized(args[skip]) if name == "join" else args[skip]
@@ -171,13 +178,14 @@ def _guarded_filter(guard: Guard, name: str, f):
     return guarded
 
 
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     if (len(indent) if isinstance(indent, str) else indent or 0) > 16:  # repeated once per nesting level and line
         raise Bound("asks tojson for an indent of more than 16")
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _raise_exception(message):
+def _raise_exception(message: object) -> NoReturn:
     raise _Refusal(message)
 
 
@@ -186,10 +194,10 @@ class _Generation(jinja2.ext.Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
-    def _body(self, caller):
+    def _body(self, caller: Callable[[], str]) -> str:
         return caller()

@@ -66,7 +66,7 @@ class TextCodec:
 
     def render_chat(self, messages: list[dict]) -> str:
         """The conversation in the chat template, sandboxed and bounded (runtime/chat_template.py)."""
-        if self.template is None:
+        if self.template is None or self.template_path is None:  # set together in __init__
             raise ManifestError("this export has no chat template; drop --chat or re-export from a checkpoint with one")
         bos = self.tokenizer.id_to_token(self.bos) if self.bos is not None else ""
         return render(self.template, self.template_path, messages=messages, add_generation_prompt=True, bos_token=bos)

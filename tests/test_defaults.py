@@ -60,6 +60,9 @@ def test_the_default_schedule_runs_on_the_smallest_cache(tmp_path, tiny_exports,
     tokens = [t for t, _ in engine.generate(prompt, cfg)]
     plain = [t for t, _ in engine.generate(prompt, GenConfig(max_new_tokens=capacity - 3, mtp=False))]
     assert tokens == plain and len(tokens) == capacity - 3
+    from mtpkit import cli  # and `mtpkit run` with default flags
+
+    assert cli.main(["-q", "run", str(folder), "--prompt", "hi", "--max-new-tokens", "8"]) == 0
 
 
 def test_the_ple_bit_width_comes_from_a_table_not_from_the_recipe_name(tmp_path):

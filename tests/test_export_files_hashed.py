@@ -152,7 +152,9 @@ def test_the_tokenizer_and_template_use_the_record_of_verified_files(tiny_export
 @pytest.mark.parametrize("template,needle", [
     ("{% for i in range(1000000) %}x{% endfor %}", "cannot be rendered: OverflowError: Range too big"),
     (NESTED_LOOPS, f"did not finish within {RENDER_SECONDS:g} s"),
-    ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "did not finish within"),
+    # one character per step: whichever bound it reaches first (time or output) depends on the machine's speed
+    ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+     ("did not finish within", f"wrote more than {MAX_CHARS} characters")),
     ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", f"wrote more than {MAX_CHARS} characters"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "cannot be rendered: RecursionError"),
     ("{{ messages.__class__.__mro__ }}", "cannot be rendered: SecurityError"),
@@ -164,7 +166,8 @@ def test_a_hash_correct_template_that_breaks_a_bound_is_one_line_naming_the_file
     rc, lines, seconds = _run_chat(folder, capsys)
     assert rc == 2 and len(lines) == 1, lines
     assert lines[0].startswith("mtpkit run: error: the chat template ") and "internal error" not in lines[0]
-    assert f"{folder / 'chat_template.jinja'} (line 1) " in lines[0] and needle in lines[0], lines[0]
+    needles = needle if isinstance(needle, tuple) else (needle,)
+    assert f"{folder / 'chat_template.jinja'} (line 1) " in lines[0] and any(n in lines[0] for n in needles), lines[0]
     assert seconds < RENDER_SECONDS + 20  # the export opens in a second or two; the render stops at its bound
 
 
