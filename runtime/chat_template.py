@@ -9,10 +9,13 @@ line; one that calls raise_exception refuses the conversation, a UsageError.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
+import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable, Iterable, Iterator, NoReturn, cast
 
 import jinja2
@@ -28,6 +31,7 @@ from mtpkit.errors import ManifestError, UsageError
 from .template_bounds import UPPER_BOUNDS, Bound, Guard, check_binop, check_call, materialized
 
 MAX_TEMPLATE_BYTES = 1 << 20  # the file itself (real chat templates are tens of kB)
+RECURSION_FRAMES = 400  # Python frames a render may nest below its caller (a macro level takes a handful)
 _LOOP, _OUT, _SIZED = "_mtpkit_loop", "_mtpkit_out", "_mtpkit_sized"  # filters the instrumented template calls
 
 
@@ -49,11 +53,28 @@ def render(template: str, path: Path, **variables: Any) -> str:
         tree.set_environment(env)
         compiled = env.from_string(tree)
         guard.start()
-        return compiled.render(**variables)
+        with _recursion_budget():
+            return compiled.render(**variables)
     except _Refusal as e:
         raise UsageError(f"the chat template {path} refuses this conversation: {_one_line(str(e))}") from e
     except Exception as e:  # anything the template's code raised: the template's fault, not a bug in mtpkit
         raise _failure(e, path) from e
+
+
+@contextlib.contextmanager
+def _recursion_budget(frames: int = RECURSION_FRAMES) -> Iterator[None]:
+    """Python's recursion limit just above the caller's depth while a template renders: a template that recurses
+    (a macro calling itself) otherwise overflows the C stack, a crash, before the default limit is reached (seen
+    inside pytest, whose stack is deep); with the budget it ends in RecursionError, reported in one line."""
+    depth, frame = 0, cast("FrameType | None", sys._getframe())
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(min(limit, depth + frames))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def _failure(e: Exception, path: Path) -> ManifestError:
