@@ -39,5 +39,12 @@ def test_parity_cli_writes_report_and_fails_on_a_tampered_reference(tiny_exports
     ref = json.loads((bad / "reference.json").read_text())
     ref["prompts"][0]["greedy_ids"][3] ^= 1  # transformers "said" something else
     (bad / "reference.json").write_text(json.dumps(ref))
+    refused = subprocess.run([sys.executable, "-m", "mtpkit", "parity", str(bad)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "reference.json does not match the sha256" in refused.stderr  # modified file
+    from mtpkit.runtime.manifest import sha256_file
+
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["reference"]["sha256"] = sha256_file(bad / "reference.json")  # signed again: parity itself must fail
+    (bad / "manifest.json").write_text(json.dumps(manifest))
     failed = subprocess.run([sys.executable, "-m", "mtpkit", "parity", str(bad)], capture_output=True, text=True)
     assert failed.returncode == 1 and "parity FAIL" in failed.stdout and "MISMATCH" in failed.stderr

@@ -147,7 +147,7 @@ def test_a_third_backend_options_are_checked_by_its_own_module(relay):
                "backend": KIND}}, "signatures": {"decode": {"graph": "g", "inputs": [io], "outputs": [io]}}}
     data = {"schema_version": 2, "mtpkit_version": "0", "source": {}, "quantization": {},
             "model": {"vocab_size": 8, "hidden_size": 4, "sliding_window": 4}, "tokens": {"eos": [1]},
-            "tokenizer": {"file": "t"}, "generation": {"num_assistant_tokens": 2},
+            "tokenizer": {"file": "t", "sha256": "0"}, "generation": {"num_assistant_tokens": 2},
             "kv_cache": {"capacity": 16, "layers": [layer], "sliding_past": 3, "drafter_sliding_visible": 5,
                          "drafter_layers": {"sliding_attention": 0, "full_attention": 0}},
             "backends": {KIND: backend}}
