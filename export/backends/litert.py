@@ -25,7 +25,7 @@ from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, s
 from ..litert_patches import import_export_hf, litert_workarounds
 from ..phases import MB
 from ..scoped import output_captured, patched, patched_all
-from . import ExportJob, ExportMemory
+from . import ExportJob, ExportMemory, litert_graft
 
 log = logging.getLogger("mtpkit")
 from ..models import gemma4_assistant, gemma4_text
@@ -108,29 +108,38 @@ def drafter_samples(target_config, cache_index: dict[str, int], cache_len: int) 
             "draft_masked": {**common, "full_mask": mask, "sliding_mask": mask.clone(), **kv}}
 
 
-def export_drafter(drafter_model: nn.Module, target_config, path: Path, cache_len: int) -> None:
-    """Convert the drafter to `path` with signatures draft (index 0, LiteRT-LM's contract) and draft_masked."""
+def export_drafter(drafter_model: nn.Module, target_config, path: Path, cache_len: int, scratch: Path) -> None:
+    """Convert the drafter to `path` with signatures draft (index 0, LiteRT-LM's contract) and draft_masked:
+    converted without its weights, which are grafted in afterwards (litert_graft.py), as for the target."""
     import litert_torch
 
     import_export_hf()  # registers lrt_transposed_attention
     cache_index = cache_indices(target_config)
     step = LiteRTDraftStep(drafter_model, cache_index, target_config.sliding_window, cache_len).eval()
+    state = step.state_dict()
+    weights = litert_graft.WeightInputs(buffer_kept=lambda name: name in state)
     converter = litert_torch.Converter()
-    for name, sample in drafter_samples(target_config, cache_index, cache_len).items():
-        converter.signature(name, step, sample_kwargs=sample)  # one module object: weights stored once
+    with weights.converting():
+        for name, sample in drafter_samples(target_config, cache_index, cache_len).items():
+            converter.signature(name, step, sample_kwargs=sample)
+    skeleton = scratch / "drafter.skeleton.tflite"
     with _attn_implementation(drafter_model, "lrt_transposed_attention"), torch.no_grad():
-        converter.convert(strict_export=False).export(str(path))
+        converter.convert(strict_export=False).export(str(skeleton))
+    litert_graft.graft(skeleton, path, litert_graft.StateSource(state), _float, names=weights.names)
+
+
+def _float(name: str, shape: tuple, uses: set) -> litert_graft.Encoding:
+    return litert_graft.Encoding("float32")
 
 
 def gemma4_layout_checkpoint(target_dir: Path, dst: Path) -> Path:
-    """A gemma4 (Gemma4ForConditionalGeneration) view of a gemma4_text checkpoint, or target_dir unchanged.
+    """A gemma4 (Gemma4ForConditionalGeneration) view of a gemma4_text checkpoint's config and tokenizer (no
+    weights: export_hf builds the model on the meta device), or target_dir unchanged.
 
     export_hf only takes the external-embedder path LiteRT-LM's MTP needs (embedder + per_layer_embedder,
     embeddings inputs) for model_type gemma4; Gemma4ForCausalLM checkpoints get token inputs instead.
     """
-    from safetensors.torch import load_file, save_file
-
-    from ..checkpoint import HF_SIDE_FILES, safetensors_files
+    from ..checkpoint import HF_SIDE_FILES
 
     config = json.loads((target_dir / "config.json").read_text())
     if config.get("model_type") != "gemma4_text":
@@ -141,11 +150,6 @@ def gemma4_layout_checkpoint(target_dir: Path, dst: Path) -> Path:
                "vision_config": None, "audio_config": None,
                "tie_word_embeddings": config.get("tie_word_embeddings", True), **top}
     (dst / "config.json").write_text(json.dumps(wrapped, indent=2))
-    state = {}
-    for f in safetensors_files(target_dir):
-        for key, tensor in load_file(str(f)).items():
-            state["model.language_model." + key.removeprefix("model.") if key.startswith("model.") else key] = tensor
-    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
     for name in HF_SIDE_FILES:
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, dst / name)
@@ -171,16 +175,55 @@ def _bundle_with_drafter(drafter_path: Path):
         yield
 
 
-def export_target(checkpoint: Path, work: Path, drafter_path: Path, *, prefill_len: int, cache_len: int,
-                  max_draft: int) -> None:
-    """export_hf (float, external embedder, verify T=max_draft+1) into `work`, bundling the drafter."""
+@contextlib.contextmanager
+def _grafted_before_packaging(weights: litert_graft.WeightInputs, source):
+    """export_hf writes weightless graphs (WeightInputs); graft the checkpoint's weights into each of them in
+    its work folder before package_model bundles them."""
+    from litert_torch.generative.export_hf.core import litert_lm_builder
+
+    real = litert_lm_builder.package_model
+
+    def package_model(source_artifacts, export_config, exported):
+        work = Path(export_config.work_dir)
+        for name in ("embedder.tflite", "model.tflite", "per_layer_embedder.tflite"):
+            if (work / name).is_file():
+                litert_graft.graft(work / name, work / name, source, _float, names=weights.names)
+        return real(source_artifacts, export_config, exported)
+
+    with patched(litert_lm_builder, "package_model", package_model):
+        yield
+
+
+def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path: Path, *, prefill_len: int,
+                  cache_len: int, max_draft: int) -> None:
+    """export_hf (float, external embedder, verify T=max_draft+1) into `work`, bundling the drafter.
+
+    The model is built on the meta device and every weight is a signature input while converting; the weights
+    are streamed from `weights_dir`'s safetensors into the finished graphs (litert_graft.py), so the model is
+    never held in memory.
+    """
+    from litert_torch.generative.export_hf.core import weights_loader
+
     hf = import_export_hf()
-    with _bundle_with_drafter(drafter_path):
+    source = litert_graft.SafetensorsSource(weights_dir, None)
+    resolve = litert_graft.checkpoint_resolver(source.where)
+    source.resolve = resolve
+
+    def kept(name: str) -> bool:  # persistent buffers carry checkpoint values; computed ones stay constants
+        try:
+            return bool(resolve(name))
+        except KeyError:
+            return False
+
+    weights = litert_graft.WeightInputs(buffer_kept=kept)
+    with _bundle_with_drafter(drafter_path), weights.converting(), _grafted_before_packaging(weights, source), \
+            weights_loader.init_params_on_meta():
         hf.export.export(model=str(checkpoint), output_dir=str(work), keep_temporary_files=True,
                          prefill_lengths=[prefill_len], cache_length=cache_len, quantization_recipe="none",
                          externalize_embedder=True, assistant_model="mtpkit-drafter",
                          mtp_verifier_step=max_draft + 1, use_jinja_template=True, bundle_litert_lm=True,
-                         export_vision_encoder=False, export_audio_encoder=False)  # text path only
+                         export_vision_encoder=False, export_audio_encoder=False,  # text path only
+                         use_random_weights=True)  # from_config: no checkpoint read (parameters on meta)
 
 
 def export(job: ExportJob) -> Backend:
@@ -249,10 +292,10 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
     scratch = Path(tempfile.mkdtemp(prefix=".litert-", dir=out_dir))
     try:
         with output_captured("litert-torch"), litert_workarounds():
-            export_drafter(drafter_model, target_model.config, out_dir / "drafter.tflite", cache_len)
+            export_drafter(drafter_model, target_model.config, out_dir / "drafter.tflite", cache_len, scratch)
             checkpoint = gemma4_layout_checkpoint(target_dir, scratch / "checkpoint")
             work = scratch / "export_hf"
-            export_target(checkpoint, work, out_dir / "drafter.tflite", prefill_len=prefill_len,
+            export_target(checkpoint, target_dir, work, out_dir / "drafter.tflite", prefill_len=prefill_len,
                           cache_len=cache_len, max_draft=max_draft)
         for src, dst in (("model.tflite", "target.tflite"), ("embedder.tflite", "embedder.tflite"),
                          ("per_layer_embedder.tflite", "per_layer_embedder.tflite"),

@@ -1,0 +1,429 @@
+"""LiteRT graphs without holding the model: convert a weightless graph, then graft the weights in, streamed.
+
+litert-torch converts a module whose weights are constants into a flatbuffer that holds them all, several times
+over while it converts (4.3 W measured). Here the converter sees every weight as a signature input instead
+(`weights_as_inputs`: the module's parameters on the meta device, the inputs `torch.empty`, never touched), so the
+converted graph is a few MB at any size. `graft` then turns each weight input into a constant: it writes the
+flatbuffer first, with every weight's buffer at an offset after it (LiteRT's large-model layout, which LiteRT and
+LiteRT-LM load at any size), and streams the weights behind it, a block of rows at a time, encoded as they are
+written: float32, float16, int8 channelwise or int4 blockwise, the layouts ai-edge-quantizer writes (dynamic range:
+float activations, quantized weights). The same function re-encodes a grafted file (float -> int8) reading the
+float weights from that file's memory map, so one float export serves every recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import mmap
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+WEIGHT = "w:"  # name prefix of every grafted weight tensor: "w:" + the module's parameter name
+_INPUT = "mtpkit_weight_"  # the signature-input names the converter sees
+_ALIGN = 64
+_ROWS_BYTES = 64 << 20  # rows read and encoded per step
+
+
+# ---- conversion with the weights as inputs ----
+
+class WeightInputs:
+    """Converts modules with their weights as signature inputs, one input name per weight tensor.
+
+    A tensor keeps its input name across every module and signature that reaches it (prefill / decode / verify
+    wrap the same model), so the grafted weight is stored once. `names` maps input name -> parameter name (as
+    the first module that reached it calls it); buffers become inputs only where `buffer_kept(name)` says so
+    (persistent buffers that carry checkpoint values). The samples are uninitialized float32 tensors: address
+    space only, the converter reads shapes, not values.
+    """
+
+    def __init__(self, buffer_kept: Callable[[str], bool] = lambda name: False):
+        self.buffer_kept = buffer_kept
+        self.keys: dict[int, str] = {}  # id(tensor) -> input name
+        self.names: dict[str, str] = {}  # input name -> parameter name
+
+    def wrap(self, module, sample_kwargs: dict) -> tuple:
+        """(wrapper module, sample kwargs with the weights added)."""
+        import torch
+        from torch import nn
+
+        chosen = dict(module.named_parameters())
+        chosen.update({n: b for n, b in module.named_buffers() if b.is_floating_point() and self.buffer_kept(n)})
+        mine = {}
+        for name, tensor in chosen.items():
+            key = self.keys.setdefault(id(tensor), f"{_INPUT}{len(self.keys)}")
+            if len(name) > len(self.names.get(key, "")):  # the most qualified path: the embedders see a submodule
+                self.names[key] = name
+            mine[key] = (name, tuple(tensor.shape))
+
+        class WeightsAsInputs(nn.Module):
+            def __init__(self):
+                super().__init__()
+                # not a registered submodule: torch.export would lift its (meta) parameters as constants
+                object.__setattr__(self, "inner", module)
+
+            def forward(self, **kwargs):
+                weights = {mine[k][0]: kwargs.pop(k) for k in list(kwargs) if k in mine}
+                return torch.func.functional_call(self.inner, weights, args=(), kwargs=kwargs, tie_weights=True,
+                                                  strict=False)
+
+        samples = {k: torch.empty(shape, dtype=torch.float32) for k, (_, shape) in mine.items()}
+        # export_hf makes its samples on the parameters' device, meta here; tracing wants them beside the weights
+        given = torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda v: torch.ones(v.shape, dtype=v.dtype) if v.is_meta else v, sample_kwargs)
+        return WeightsAsInputs(), {**given, **samples}
+
+    @contextlib.contextmanager
+    def converting(self):
+        """litert-torch's Converter.add_signature wraps every module it is given, for the block."""
+        from litert_torch._convert import interface
+
+        from ..scoped import patched
+
+        real = interface.Converter.add_signature
+
+        def add_signature(converter, name, module, sample_args=None, sample_kwargs=None, **kwargs):
+            if sample_args:
+                raise ValueError("weights as inputs needs keyword sample inputs")
+            wrapper, samples = self.wrap(module, sample_kwargs or {})
+            return real(converter, name, wrapper, None, samples, **kwargs)
+
+        with patched(interface.Converter, "add_signature", add_signature):
+            yield self
+
+
+# ---- encodings: what a weight becomes in the file ----
+
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+    kind: str  # float32 | float16 | int8 | int4
+    block: int = 0  # int4 only
+
+    def data_bytes(self, shape) -> int:
+        n = int(np.prod(shape))
+        return {"float32": 4 * n, "float16": 2 * n, "int8": n, "int4": (n + 1) // 2}[self.kind]
+
+    def scale_bytes(self, shape) -> int:
+        return 2 * shape[0] * (shape[1] // self.block) if self.kind == "int4" else 0
+
+    def encode(self, rows: np.ndarray) -> tuple[bytes, np.ndarray | None]:
+        """(data, per-row scales) of a block of rows; rows are independent in every encoding."""
+        if self.kind == "float32":
+            return np.ascontiguousarray(rows, np.float32).tobytes(), None
+        if self.kind == "float16":
+            return rows.astype(np.float16).tobytes(), None
+        if self.kind == "int8":  # ai-edge-quantizer's symmetric channelwise rule (zero rows: scale 1e-9/127)
+            scale = np.maximum(np.abs(rows).max(axis=1), 1e-9).astype(np.float32) / np.float32(127)
+            q = np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8)
+            return q.tobytes(), scale
+        blocks = rows.reshape(rows.shape[0], -1, self.block)
+        scale = (np.abs(blocks).max(axis=2) / np.float32(7)).astype(np.float16)
+        # an all-zero block keeps a positive scale: XNNPACK refuses a zero int4 scale (the values stay 0)
+        scale[scale == 0] = np.finfo(np.float16).tiny
+        q = np.clip(np.rint(blocks / scale.astype(np.float32)[..., None]), -8, 7).astype(np.int8).reshape(-1)
+        if q.size % 2:
+            q = np.append(q, np.int8(0))
+        packed = (q[0::2] & 0x0F) | ((q[1::2] & 0x0F) << 4)  # two values per byte, the first in the low nibble
+        return packed.astype(np.uint8).tobytes(), scale
+
+
+def int4_block(width: int, block_size: int) -> int | None:
+    """The largest of 128/64/32 not above block_size dividing width (int4 blockwise needs whole blocks)."""
+    return next((b for b in (128, 64, 32) if b <= block_size and width % b == 0), None)
+
+
+# ---- weight sources: rows of a named weight, as float32 ----
+
+class StateSource:
+    """Weights of an in-memory module (the drafter: small)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self.state[name].shape)
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        return self.state[name].detach()[start:stop].float().numpy()
+
+
+class SafetensorsSource:
+    """Weights read from a checkpoint's memory-mapped .safetensors files, a block of rows at a time."""
+
+    def __init__(self, folder: Path, resolve: Callable[[str], str]):
+        from safetensors import safe_open
+
+        from ..checkpoint import safetensors_files
+
+        self.handles = [safe_open(str(f), framework="pt") for f in safetensors_files(Path(folder))]
+        self.where = {k: h for h in self.handles for k in h.keys()}
+        self.resolve = resolve
+
+    def _slice(self, name: str):
+        return self.where[self.resolve(name)].get_slice(self.resolve(name))
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._slice(name).get_shape())
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        piece = self._slice(name)
+        return (piece[start:stop] if len(piece.get_shape()) else piece[:]).float().numpy()
+
+
+class GraftedSource:
+    """The float32 weights of a grafted file, read from its memory map (re-encoding float -> int8 / int4)."""
+
+    def __init__(self, path: Path, model):
+        self.file = open(path, "rb")
+        self.map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.found = {}
+        for sg in model.subgraphs:
+            for t in sg.tensors:
+                name = t.name.decode()
+                if name.startswith(WEIGHT) and t.type == 0:  # FLOAT32
+                    buf = model.buffers[t.buffer]
+                    self.found[name[len(WEIGHT):]] = (buf.offset, tuple(int(x) for x in t.shape))
+
+    def shape(self, name: str) -> tuple:
+        return self.found[name][1]
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        offset, shape = self.found[name]
+        width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        count = (stop - start) * width if shape else 1
+        data = np.frombuffer(self.map, np.float32, count, offset + 4 * start * width)
+        return data.reshape((stop - start, *shape[1:]) if shape else ())
+
+
+def checkpoint_resolver(keys) -> Callable[[str], str]:
+    """Module parameter name -> checkpoint key: the longest dotted suffix that names exactly one key."""
+    keys = list(keys)
+
+    def resolve(name: str) -> str:
+        parts = name.split(".")
+        for i in range(len(parts)):
+            suffix = ".".join(parts[i:])
+            hits = [k for k in keys if k == suffix or k.endswith("." + suffix)]
+            if len(hits) == 1:
+                return hits[0]
+            if len(hits) > 1 and i == len(parts) - 1:
+                break
+        raise KeyError(f"no checkpoint tensor for {name!r}")
+
+    return resolve
+
+
+# ---- the graft ----
+
+def _opnames(model) -> list[str]:
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    return [names.get(max(c.builtinCode, c.deprecatedBuiltinCode), "?") for c in model.operatorCodes]
+
+
+def find_weights(model, names: dict[str, str] | None = None) -> dict[str, list[tuple[int, int]]]:
+    """Parameter name -> (subgraph, tensor) of every weight: fresh signature inputs (`names`: input key -> name)
+    or tensors a previous graft named WEIGHT + name."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for g, sg in enumerate(model.subgraphs):
+        for t, tensor in enumerate(sg.tensors):
+            name = tensor.name.decode()
+            if name.startswith(WEIGHT):
+                found.setdefault(name[len(WEIGHT):], []).append((g, t))
+    for sig in model.signatureDefs or []:
+        for io in sig.inputs:
+            key = io.name.decode()
+            if names and key in names:
+                found.setdefault(names[key], []).append((sig.subgraphIndex, io.tensorIndex))
+    return found
+
+
+def weight_uses(model, where: dict[str, list[tuple[int, int]]]) -> dict[str, set[tuple[str, int]]]:
+    """Parameter name -> {(op name, input position)} over every subgraph."""
+    ops = _opnames(model)
+    owner = {gt: name for name, places in where.items() for gt in places}
+    uses: dict[str, set] = {name: set() for name in where}
+    for g, sg in enumerate(model.subgraphs):
+        for op in sg.operators:
+            for p, t in enumerate(op.inputs):
+                if (g, int(t)) in owner:
+                    uses[owner[(g, int(t))]].add((ops[op.opcodeIndex], p))
+    return uses
+
+
+def _detach_inputs(model, where) -> None:
+    """Weight tensors stop being graph and signature inputs."""
+    places = {gt for p in where.values() for gt in p}
+    for g, sg in enumerate(model.subgraphs):
+        sg.inputs = np.array([t for t in sg.inputs if (g, int(t)) not in places], np.int32)
+    for sig in model.signatureDefs or []:
+        sig.inputs = [io for io in sig.inputs if (sig.subgraphIndex, io.tensorIndex) not in places]
+
+
+def graft(skeleton: bytes | Path, out: Path, source, choose: Callable[[str, tuple, set], Encoding],
+          names: dict[str, str] | None = None, progress=None) -> dict[str, str]:
+    """Write `skeleton` to `out` with every weight a constant from `source`, encoded as `choose` says.
+
+    Returns parameter name -> encoding ("int4/b32", "int8", "float32", ...). `out` appears complete or not at all.
+    """
+    from ai_edge_litert import schema_py_generated as schema
+
+    raw = Path(skeleton).read_bytes() if isinstance(skeleton, Path) else skeleton
+    model = schema.ModelT.InitFromPackedBuf(raw, 0)
+    where = find_weights(model, names)
+    uses = weight_uses(model, where)
+    _detach_inputs(model, where)
+    plan = []  # (name, encoding, shape, data buffer, scales buffer, quantization objects to fill)
+    for name, places in where.items():
+        shape = tuple(int(x) for x in model.subgraphs[places[0][0]].tensors[places[0][1]].shape)
+        if tuple(source.shape(name)) != shape and int(np.prod(source.shape(name))) != int(np.prod(shape)):
+            raise ValueError(f"weight {name}: the graph wants shape {shape}, the source has {source.shape(name)}")
+        enc = choose(name, shape, uses[name])
+        plan.append(_place(model, name, places, shape, enc))
+    return _write(model, plan, source, Path(out), progress)
+
+
+def _new_buffer(model) -> int:
+    from ai_edge_litert import schema_py_generated as schema
+
+    buf = schema.BufferT()
+    buf.offset, buf.size = 1, 1  # placeholders until the layout is known (present, non-zero fields)
+    model.buffers.append(buf)
+    return len(model.buffers) - 1
+
+
+def _place(model, name, places, shape, enc: Encoding) -> dict:
+    from ai_edge_litert import schema_py_generated as schema
+
+    data = _new_buffer(model)
+    scales = _new_buffer(model) if enc.kind == "int4" else None
+    quants = []
+    types = {"float32": schema.TensorType.FLOAT32, "float16": schema.TensorType.FLOAT16,
+             "int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4}
+    for g, t in places:
+        sg = model.subgraphs[g]
+        tensor = sg.tensors[t]
+        tensor.name, tensor.buffer, tensor.type = (WEIGHT + name).encode(), data, types[enc.kind]
+        tensor.shapeSignature = None
+        tensor.quantization = None
+        if enc.kind == "int8":
+            q = schema.QuantizationParametersT()
+            q.scale, q.zeroPoint, q.quantizedDimension = np.ones(shape[0], np.float32), np.zeros(shape[0], np.int64), 0
+            tensor.quantization = q
+            quants.append(q)
+        elif enc.kind == "int4":
+            st = schema.TensorT()
+            st.name, st.buffer, st.type = (WEIGHT + name + ";scales").encode(), scales, schema.TensorType.FLOAT16
+            st.shape = np.array([shape[0], shape[1] // enc.block], np.int32)
+            sg.tensors.append(st)
+            details = schema.BlockwiseQuantizationT()
+            details.scales, details.zeroPoints, details.blockSize = len(sg.tensors) - 1, -1, enc.block
+            q = schema.QuantizationParametersT()
+            q.detailsType, q.details = schema.QuantizationDetails.BlockwiseQuantization, details
+            tensor.quantization = q
+        elif enc.kind == "float16":
+            _dequantize_before_use(model, g, t, shape)
+    return {"name": name, "enc": enc, "shape": shape, "data": data, "scales": scales, "quants": quants}
+
+
+def _dequantize_before_use(model, g: int, t: int, shape) -> None:
+    """A float16 weight feeds its ops through a DEQUANTIZE to float32 (what FLOAT_CASTING writes)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
+    if schema.BuiltinOperator.DEQUANTIZE not in codes:
+        code = schema.OperatorCodeT()
+        code.builtinCode, code.deprecatedBuiltinCode, code.version = schema.BuiltinOperator.DEQUANTIZE, 6, 1
+        model.operatorCodes.append(code)
+        codes.append(schema.BuiltinOperator.DEQUANTIZE)
+    sg = model.subgraphs[g]
+    wide = schema.TensorT()
+    wide.name, wide.type, wide.shape = sg.tensors[t].name + b";float32", schema.TensorType.FLOAT32, np.array(shape,
+                                                                                                            np.int32)
+    wide.buffer = 0
+    sg.tensors.append(wide)
+    w = len(sg.tensors) - 1
+    for op in sg.operators:
+        op.inputs = np.array([w if int(i) == t else int(i) for i in op.inputs], np.int32)
+    deq = schema.OperatorT()
+    deq.opcodeIndex, deq.inputs, deq.outputs = codes.index(schema.BuiltinOperator.DEQUANTIZE), np.array([t],
+                                                                                                       np.int32), \
+        np.array([w], np.int32)
+    sg.operators.insert(0, deq)
+
+
+def _pack(model) -> bytes:
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    builder = flatbuffers.Builder(1 << 20)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def _write(model, plan: list[dict], source, out: Path, progress) -> dict[str, str]:
+    """Flatbuffer first (offsets computed from the encoded sizes), then the weights; the flatbuffer is packed
+    again with the int8 scales found while writing (same length: only values change)."""
+    for buf in model.buffers:  # a re-grafted file's old weight buffers: unreferenced from here on
+        if buf.offset > 1 and not any(buf is model.buffers[p["data"]] or (p["scales"] is not None and buf is
+                                      model.buffers[p["scales"]]) for p in plan):
+            buf.offset, buf.size = 0, 0
+    head = _pack(model)
+    cursor = _aligned(len(head) + 4096)  # slack: the second pack must not be longer
+    for p in plan:
+        for key, size in (("data", p["enc"].data_bytes(p["shape"])), ("scales", p["enc"].scale_bytes(p["shape"]))):
+            if p[key] is not None:
+                model.buffers[p[key]].offset, model.buffers[p[key]].size = cursor, size
+                cursor = _aligned(cursor + size)
+    head = _pack(model)
+    tmp = out.with_name(f".{out.name}.partial")
+    encodings = {}
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head)
+            for p in plan:
+                encodings[p["name"]] = _write_weight(f, model, p, source)
+                if progress:
+                    progress(1)
+            f.truncate(max(f.tell(), 1))
+            final = _pack(model)
+            if len(final) != len(head):
+                raise RuntimeError(f"{out.name}: the flatbuffer changed length when packed again")
+            f.seek(0)
+            f.write(final)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return encodings
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _write_weight(f, model, p: dict, source) -> str:
+    enc, shape = p["enc"], p["shape"]
+    rows = shape[0] if shape else 1
+    width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    step = max(1, _ROWS_BYTES // (4 * width))
+    f.seek(model.buffers[p["data"]].offset)
+    scales = []
+    for start in range(0, rows, step):
+        block = source.rows(p["name"], start, min(rows, start + step)).reshape(-1, *shape[1:]) if shape else \
+            source.rows(p["name"], 0, 1)
+        data, scale = enc.encode(block if enc.kind in ("float32", "float16") else block.reshape(len(block), -1))
+        f.write(data)
+        if scale is not None:
+            scales.append(scale)
+    if enc.kind == "int8":
+        for q in p["quants"]:
+            q.scale = np.concatenate(scales).astype(np.float32)
+    if enc.kind == "int4":
+        f.seek(model.buffers[p["scales"]].offset)
+        f.write(np.concatenate(scales).astype(np.float16).tobytes())
+    return f"int4/b{enc.block}" if enc.kind == "int4" else enc.kind
