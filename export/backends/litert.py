@@ -31,14 +31,14 @@ log = logging.getLogger("mtpkit")
 from ..models import gemma4_assistant, gemma4_text
 
 MASK_HIDDEN = float(-0.7 * np.finfo(np.float32).max)  # what LiteRT-LM writes (InitializeAttentionMask, fp32)
-# The memory preflight's figures (export/preflight.py; e2b / e2b-wide peaks in MiB, W = 580.5; docs/export-memory.md)
+# The memory preflight's figures (export/preflight.py; W = the fp32 weights; docs/export-memory.md). The graphs are
+# converted without weights and written by streaming, so no phase holds a copy of the model: what grows is the
+# memory-mapped source (the checkpoint while grafting, the float file while quantizing), resident but reclaimable.
 MEMORY = ExportMemory(
-    base=1000 * MB,  # beside the ONNX export's modules: litert-torch, TensorFlow Lite, ai-edge-quantizer (953 MB)
-    graphs=4.3,  # export_hf loads the checkpoint again and converts it to flatbuffers (4078, 4084)
-    quantize=lambda recipes: 3.0,
-    # the phases after it measured ~1 W above the ONNX-only export's (reference 2189 vs 1137, check 2844 vs 1881,
-    # beyond the larger base): freed memory the allocator keeps, or a copy
-    kept=1.0)
+    base=1000 * MB,  # beside the ONNX export's modules: litert-torch, TensorFlow Lite (953 MB)
+    graphs=1.0,
+    quantize=lambda recipes: 1.0,
+    kept=0.0)
 
 class LiteRTDraftStep(nn.Module):
     """Gemma 4 assistant step over the target's LiteRT KV caches (K [1,h,C,d], V transposed [1,h,d,C]).

@@ -178,8 +178,7 @@ class GraftedSource:
     """The float32 weights of a grafted file, read from its memory map (re-encoding float -> int8 / int4)."""
 
     def __init__(self, path: Path, model):
-        self.file = open(path, "rb")
-        self.map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.map = read_map(path)
         self.found = {}
         for sg in model.subgraphs:
             for t in sg.tensors:
@@ -191,12 +190,21 @@ class GraftedSource:
     def shape(self, name: str) -> tuple:
         return self.found[name][1]
 
+
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         offset, shape = self.found[name]
         width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
         count = (stop - start) * width if shape else 1
         data = np.frombuffer(self.map, np.float32, count, offset + 4 * start * width)
         return data.reshape((stop - start, *shape[1:]) if shape else ())
+
+
+def read_map(path: Path) -> mmap.mmap:
+    """A read-only memory map of a file. Never closed explicitly: views into it (numpy arrays the flatbuffer
+    object API keeps) would make close() raise; it goes with its last reference, and the file may be replaced
+    meanwhile (the map keeps the old inode)."""
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def checkpoint_resolver(keys) -> Callable[[str], str]:
@@ -273,13 +281,19 @@ def graft(skeleton: bytes | Path, out: Path, source, choose: Callable[[str, tupl
     """
     from ai_edge_litert import schema_py_generated as schema
 
-    raw = Path(skeleton).read_bytes() if isinstance(skeleton, Path) else skeleton
-    model = schema.ModelT.InitFromPackedBuf(raw, 0)
+    if isinstance(skeleton, Path):
+        model = schema.ModelT.InitFromPackedBuf(read_map(skeleton), 0)  # the flatbuffer only: weights follow it
+    else:
+        model = schema.ModelT.InitFromPackedBuf(skeleton, 0)
     where = find_weights(model, names)
     uses = weight_uses(model, where)
     _detach_inputs(model, where)
     plan = []  # (name, encoding, shape, data buffer, scales buffer, quantization objects to fill)
     for name, places in where.items():
+        if not uses[name]:  # an input no op reads (the module reached it, its graph does not): stored nowhere
+            for g, t in places:
+                model.subgraphs[g].tensors[t].buffer = 0
+            continue
         shape = tuple(int(x) for x in model.subgraphs[places[0][0]].tensors[places[0][1]].shape)
         if tuple(source.shape(name)) != shape and int(np.prod(source.shape(name))) != int(np.prod(shape)):
             raise ValueError(f"weight {name}: the graph wants shape {shape}, the source has {source.shape(name)}")

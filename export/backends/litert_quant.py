@@ -1,11 +1,9 @@
-"""LiteRT quantization: ai-edge-quantizer 0.10.0 on each float .tflite, then the .litertlm bundle's sections swapped
-for the results. Called through export/backends/litert.py `quantize` (the backend's one entry point)."""
+"""LiteRT quantization: each float .tflite re-grafted with quantized weights (litert_graft.py), streamed from its
+own memory map, then the .litertlm bundle's sections swapped for the results. Called through export/backends/litert.py `quantize` (the backend's one entry point)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
 import shutil
 from pathlib import Path
 
@@ -13,26 +11,27 @@ import numpy as np
 
 from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
 
-# ---- quantization: ai-edge-quantizer on each float .tflite, then the bundle's sections swapped for the results ----
+# ---- quantization: each float .tflite re-grafted, then the bundle's sections swapped for the results ----
 
 # graph key in the manifest -> model_type of its .litertlm section (litert_lm_builder.TfLiteModelType)
 BUNDLE_SECTIONS = {"target": "tf_lite_prefill_decode", "embedder": "tf_lite_embedder",
                    "per_layer_embedder": "tf_lite_per_layer_embedder", "drafter": "tf_lite_mtp_drafter"}
-_BLOCKWISE_OPS = ("FULLY_CONNECTED", "EMBEDDING_LOOKUP")  # aeq quantizes only these blockwise (input dim 1)
 
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
              accuracy_level: int = 4, ple_bits: int = 8) -> Backend:
-    """Rewrite the float .tflite files in folder in place with ai-edge-quantizer, a recipe per side
+    """Rewrite the float .tflite files in folder in place with quantized weights, a recipe per side
     ({"target": "int4", "drafter": "int8"}; "target" covers target, embedder and per_layer_embedder), and rebuild
     model.litertlm with the same bytes in its sections. Derived from a float export, so one export serves every
     recipe. The KV cache and every signature's inputs/outputs stay float (weights-only recipes).
 
-    fp16: FLOAT_CASTING of the FULLY_CONNECTED / EMBEDDING_LOOKUP (and conv) weights to float16;
-    int8: dynamic_wi8_afp32 (int8 channelwise weights, float activations quantized by the kernel at run time);
-    int4: dynamic int4 blockwise weights (aeq's dynamic_wi4b{block_size}_afp32) for FULLY_CONNECTED and
-        EMBEDDING_LOOKUP, the ops holding the weights here (as LiteRT-LM's gemma4_mixed48_b32 does), the block
-        picked per tensor where a width is not a multiple of it (_int4); as in gemma4_mixed48 the
+    The layouts are ai-edge-quantizer's (the same int8 bytes as its dynamic_wi8_afp32), written by mtpkit so that
+    no pass holds the whole flatbuffer (ai-edge-quantizer's held 3x the float model):
+    fp16: the FULLY_CONNECTED / EMBEDDING_LOOKUP weights in float16, each read through a DEQUANTIZE;
+    int8: int8 channelwise weights, float activations quantized by the kernel at run time;
+    int4: int4 blockwise weights with float16 scales for FULLY_CONNECTED and EMBEDDING_LOOKUP, the ops holding
+        the weights here (as LiteRT-LM's gemma4_mixed48_b32 does), the block picked per tensor where a width is
+        not a multiple of it (encoding_for); as in gemma4_mixed48 the
         per-layer-embedding path keeps 8 bits (the per_layer_embedder table and the target's per_layer
         projections): a 4-bit PLE table is where Gemma 4 broke elsewhere. per_layer_embedder is recorded as int8.
         ple_bits=4 (`--ple-quant int4`, only when asked) gives the PLE path 4 bits too.
@@ -81,178 +80,44 @@ ALIASES = {"int8-dynamic": "int8"}
 
 
 def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int, ple_bits: int = 8) -> tuple[str, dict]:
-    """Quantize one .tflite in place; returns (the recipe it now carries, how: aeq rules, per-tensor exceptions)."""
-    from ai_edge_quantizer import algorithm_manager, qtyping, quantizer
-    from ai_edge_quantizer import recipe as aeq_recipes
+    """Re-graft one float .tflite in place with its weights encoded by `recipe`, read from its own memory map a
+    block of rows at a time (litert_graft.py); returns (the recipe it now carries, encodings by count)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    from .litert_graft import GraftedSource, graft, read_map
 
     if recipe == "int4" and name == "per_layer_embedder" and ple_bits == 8:
         recipe = "int8"  # the PLE table keeps 8 bits (see quantize's docstring)
-    qt = quantizer.Quantizer(str(path))
-    rules: list[str] = []
-    how: dict = {"aeq": rules}
-    if recipe == "fp16":
-        qt.add_weight_only_config(regex=".*", operation_name=qtyping.TFLOperationName.ALL_SUPPORTED, num_bits=16,
-                                  algorithm_key=algorithm_manager.AlgorithmName.FLOAT_CASTING)
-        rules.append("weight_only float16 (FLOAT_CASTING), all supported ops")
-    elif recipe == "int8":
-        qt.load_quantization_recipe(aeq_recipes.dynamic_wi8_afp32())
-        rules.append("dynamic_wi8_afp32 (int8 channelwise weights, float activations)")
-    else:
-        how["block_size"] = block_size
-        how["per_tensor_blocks"] = _int4(qt, path, block_size, rules,
-                                         keep_8bit="per_layer" if name == "target" and ple_bits == 8 else None)
-    with _quiet_aeq(), np.errstate(invalid="ignore"):  # all-zero int4 blocks: 0/0, handled below
-        data = bytearray(qt.quantize(enable_progress_bar=False, enable_progress_report=False).quantized_model)
-    if recipe == "int4":
-        how["zero_scales_raised"] = nonzero_int4_scales(data)
-    tmp = path.with_name(f".{path.name}.quantized")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return recipe, how
+    model = schema.ModelT.InitFromPackedBuf(read_map(path), 0)  # the flatbuffer only: weights follow it
+    done = graft(path, path, GraftedSource(path, model), encoding_for(recipe, name, block_size, ple_bits))
+    counts: dict[str, int] = {}
+    for encoding in done.values():
+        counts[encoding] = counts.get(encoding, 0) + 1
+    return recipe, {"weights": dict(sorted(counts.items())), "block_size": block_size}
 
 
-class _DropSharedBufferNotice(logging.Filter):
-    """aeq warns once per weight shared by several signatures ("... is overriding other previously quantized data
-    in buffer N"): the same weight quantized again with the same rule, i.e. the same bytes. Thousands of lines on
-    a real model, nothing to act on."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "is overriding other previously quantized data" not in record.getMessage()
+WEIGHT_OPS = {("FULLY_CONNECTED", 1), ("EMBEDDING_LOOKUP", 1)}  # weight inputs quantized (aeq's "supported ops")
 
 
-@contextlib.contextmanager
-def _quiet_aeq():
-    """aeq's notices filtered, and its transformation progress bar off: ai-edge-quantizer 0.10.0's
-    Quantizer.quantize(enable_progress_bar=False) does not pass the flag on to ModelModifier.modify_model, whose
-    "Applying Transformations to tensors" bar then turns itself on for large models (thousands of tensors)."""
-    from ai_edge_quantizer import model_modifier
+def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int):
+    """The encoding of each weight under `recipe`: only FULLY_CONNECTED weights and EMBEDDING_LOOKUP tables are
+    quantized (dynamic range: int8 channelwise, int4 blockwise with float16 scales, or float16 through a
+    DEQUANTIZE); norms, scalars and the rest stay float32. int4 keeps the per-layer-embedding path at 8 bits
+    (the target's per_layer projections; as LiteRT-LM's gemma4_mixed48) unless ple_bits is 4, and a weight whose
+    width no block of 128/64/32 (up to block_size) divides gets int8 channelwise."""
+    from .litert_graft import Encoding, int4_block
 
-    from mtpkit.export.scoped import patched
+    def choose(name: str, shape: tuple, uses: set) -> Encoding:
+        if len(shape) != 2 or not uses or not uses <= WEIGHT_OPS or recipe == "fp32":
+            return Encoding("float32")
+        if recipe == "fp16":
+            return Encoding("float16")
+        if recipe == "int8" or (graph == "target" and "per_layer" in name and ple_bits == 8):
+            return Encoding("int8")
+        block = int4_block(shape[1], block_size)
+        return Encoding("int4", block) if block else Encoding("int8")
 
-    real = model_modifier.ModelModifier.modify_model
-
-    def modify_model(self, params, *args, **kwargs):
-        kwargs["enable_progress_bar"] = False
-        return real(self, params, *args[:1], **kwargs)
-
-    root, noise = logging.getLogger(), _DropSharedBufferNotice()
-    root.addFilter(noise)
-    try:
-        with patched(model_modifier.ModelModifier, "modify_model", modify_model):
-            yield
-    finally:
-        root.removeFilter(noise)
-
-
-def nonzero_int4_scales(data: bytearray) -> int:
-    """Replace zero scales of INT4 weights by the smallest normal float16, in place; returns how many.
-
-    A weight block (or channel) that is all zeros, e.g. the pad token's row of the tied embedding / lm_head, gets
-    scale 0 from aeq, and XNNPACK then refuses the whole graph ("unsupported scale value (0.000000) in channel 0
-    for INT4 tensor N"). The block's quantized values are all 0, so any positive scale dequantizes it exactly.
-    Patched through flatbuffer views (no re-serialization), blockwise scale tensors and per-channel scales alike.
-    """
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = schema.Model.GetRootAsModel(data, 0)
-    tiny = np.finfo(np.float16).tiny
-    raised, seen = 0, set()
-
-    def buffer_view(index: int, dtype) -> np.ndarray:
-        buf = model.Buffers(index)
-        if buf.Offset() > 1:  # large models keep buffers after the flatbuffer
-            return np.frombuffer(memoryview(data)[buf.Offset(): buf.Offset() + buf.Size()], dtype)
-        return buf.DataAsNumpy().view(dtype) if buf.DataLength() else np.zeros(0, dtype)
-
-    for g in range(model.SubgraphsLength()):
-        subgraph = model.Subgraphs(g)
-        for t in range(subgraph.TensorsLength()):
-            tensor = subgraph.Tensors(t)
-            q = tensor.Quantization()
-            if tensor.Type() != schema.TensorType.INT4 or q is None:
-                continue
-            if q.DetailsType() == schema.QuantizationDetails.BlockwiseQuantization:
-                details = schema.BlockwiseQuantization()
-                table = q.Details()
-                details.Init(table.Bytes, table.Pos)
-                scales = subgraph.Tensors(details.Scales())
-                if scales.Buffer() in seen:
-                    continue
-                seen.add(scales.Buffer())
-                dtype = np.float16 if scales.Type() == schema.TensorType.FLOAT16 else np.float32
-                view = buffer_view(scales.Buffer(), dtype)
-                zero = view == 0
-                if zero.any() and tensor.ShapeLength() == 2 and details.BlockSize() % 2 == 0:
-                    # aeq computed the block's values as 0/0; make them exactly 0 (two int4 values per byte)
-                    cols, block = tensor.Shape(1), details.BlockSize()
-                    packed = buffer_view(tensor.Buffer(), np.uint8)
-                    for r, b in zip(*np.nonzero(zero.reshape(-1, cols // block))):
-                        start = (int(r) * cols + int(b) * block) // 2
-                        packed[start: start + block // 2] = 0
-            elif q.ScaleLength():
-                view = q.ScaleAsNumpy()
-                zero = view == 0
-            else:
-                continue
-            if zero.any():
-                view[zero] = tiny if view.dtype == np.float16 else np.float32(tiny)
-                raised += int(zero.sum())
-    return raised
-
-
-def _int4(qt, path: Path, block_size: int, rules: list, keep_8bit: str | None) -> list[dict]:
-    """Weight int4 blockwise (dynamic: float activations), with the block picked per tensor where needed.
-
-    aeq aborts the whole file with "Quantized dimension N in tensor shape ... is not divisible by block size B"
-    when any FULLY_CONNECTED / EMBEDDING_LOOKUP weight's input dimension (dim 1) is not a multiple of the block,
-    which tiny test configs (and a drafter with hidden 32 under block 64/128) trip. Such ops get their own rule,
-    matched on the op's exact scope (aeq's regex over its output tensor names): the largest of 128/64/32 not
-    above block_size that divides the dimension, else int4 channelwise. Returns these exceptions grouped by op
-    kind, input dimension and granularity (empty when every weight fits the block, as with Gemma 4's widths).
-    """
-    import re
-
-    from ai_edge_quantizer import qtyping
-
-    op = qtyping.TFLOperationName
-    g = qtyping.QuantGranularity
-    for kind in _BLOCKWISE_OPS:
-        qt.add_dynamic_config(regex=".*", operation_name=getattr(op, kind), num_bits=4,
-                              granularity=getattr(g, f"BLOCKWISE_{block_size}"))
-    rules.append(f"dynamic int4 blockwise {block_size} for FULLY_CONNECTED and EMBEDDING_LOOKUP (float activations)")
-    if keep_8bit:
-        qt.add_dynamic_config(regex=keep_8bit, operation_name=op.FULLY_CONNECTED, num_bits=8,
-                              granularity=g.CHANNELWISE)
-        rules.append(f"dynamic int8 channelwise for FULLY_CONNECTED matching {keep_8bit!r}")
-    exceptions = {}
-    for kind, scope, dim in _blockwise_weights(path):
-        if dim % block_size == 0 or (keep_8bit and kind == "FULLY_CONNECTED" and re.search(keep_8bit, scope)):
-            continue
-        block = next((b for b in (128, 64, 32) if b <= block_size and dim % b == 0), None)
-        granularity = getattr(g, f"BLOCKWISE_{block}") if block else g.CHANNELWISE
-        qt.add_dynamic_config(regex=f"^{re.escape(scope)}$", operation_name=getattr(op, kind), num_bits=4,
-                              granularity=granularity)
-        key = (kind, dim, granularity.value)
-        exceptions[key] = exceptions.get(key, 0) + 1
-    return [{"op": k, "input_dim": d, "granularity": gr, "ops": n} for (k, d, gr), n in sorted(exceptions.items())]
-
-
-def _blockwise_weights(path: Path) -> list[tuple[str, str, int]]:
-    """(op kind, aeq op scope, weight input dimension) of every FULLY_CONNECTED / EMBEDDING_LOOKUP."""
-    from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
-
-    model = tfl.read_model(str(path))
-    found = []
-    for subgraph in model.subgraphs:
-        for op in subgraph.operators:
-            kind = tfl.TFL_OP_CODE_TO_NAME.get(model.operatorCodes[op.opcodeIndex].builtinCode)
-            kind = getattr(kind, "value", kind)
-            if kind not in _BLOCKWISE_OPS or len(op.inputs) < 2 or op.inputs[1] < 0:
-                continue
-            shape = subgraph.tensors[op.inputs[1]].shape  # FC weight [out, in]; lookup table [rows, dim]
-            if shape is not None and len(shape) == 2:
-                found.append((kind, tfl.get_op_scope(op, subgraph.tensors), int(shape[1])))
-    return found
+    return choose
 
 
 def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
