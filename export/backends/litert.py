@@ -36,8 +36,8 @@ MASK_HIDDEN = float(-0.7 * np.finfo(np.float32).max)  # what LiteRT-LM writes (I
 # memory-mapped source (the checkpoint while grafting, the float file while quantizing), resident but reclaimable.
 MEMORY = ExportMemory(
     base=1000 * MB,  # beside the ONNX export's modules: litert-torch, TensorFlow Lite (953 MB)
-    graphs=1.0,
-    quantize=lambda recipes: 1.0,
+    graphs=0.05,  # measured: see docs/export-memory.md
+    quantize=lambda recipes: 0.05,
     kept=0.0)
 
 class LiteRTDraftStep(nn.Module):
@@ -205,7 +205,7 @@ def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path:
     from litert_torch.generative.export_hf.core import weights_loader
 
     hf = import_export_hf()
-    source = litert_graft.SafetensorsSource(weights_dir, None)
+    source = litert_graft.SafetensorsSource(weights_dir)
     resolve = litert_graft.checkpoint_resolver(source.where)
     source.resolve = resolve
 

@@ -151,34 +151,49 @@ class StateSource:
         return self.state[name].detach()[start:stop].float().numpy()
 
 
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
 class SafetensorsSource:
-    """Weights read from a checkpoint's memory-mapped .safetensors files, a block of rows at a time."""
+    """Weights read from a checkpoint's .safetensors files with plain reads, a block of rows at a time: nothing
+    is mapped, so the process's resident memory never holds the checkpoint (the page cache does, reclaimably)."""
 
-    def __init__(self, folder: Path, resolve: Callable[[str], str]):
-        from safetensors import safe_open
-
+    def __init__(self, folder: Path, resolve: Callable[[str], str] | None = None):
         from ..checkpoint import safetensors_files
 
-        self.handles = [safe_open(str(f), framework="pt") for f in safetensors_files(Path(folder))]
-        self.where = {k: h for h in self.handles for k in h.keys()}
-        self.resolve = resolve
-
-    def _slice(self, name: str):
-        return self.where[self.resolve(name)].get_slice(self.resolve(name))
+        self.where: dict[str, tuple] = {}  # key -> (path, dtype, shape, first byte)
+        for f in safetensors_files(Path(folder)):
+            with open(f, "rb") as h:
+                n = int.from_bytes(h.read(8), "little")
+                header = json.loads(h.read(n))
+            for key, d in header.items():
+                if key != "__metadata__":
+                    self.where[key] = (f, d["dtype"], tuple(d["shape"]), 8 + n + d["data_offsets"][0])
+        self.resolve = resolve or (lambda name: name)
 
     def shape(self, name: str) -> tuple:
-        return tuple(self._slice(name).get_shape())
+        return self.where[self.resolve(name)][2]
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        piece = self._slice(name)
-        return (piece[start:stop] if len(piece.get_shape()) else piece[:]).float().numpy()
+        path, dtype, shape, first = self.where[self.resolve(name)]
+        if dtype not in _DTYPES:
+            raise ValueError(f"{path.name}: {name} is {dtype}; mtpkit reads float32, float16 and bfloat16 weights")
+        width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        count = (stop - start) * width if shape else 1
+        item = np.dtype(_DTYPES[dtype]).itemsize
+        with open(path, "rb") as f:
+            raw = os.pread(f.fileno(), count * item, first + start * width * item)
+        values = np.frombuffer(raw, _DTYPES[dtype])
+        if dtype == "BF16":  # the high half of a float32
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        return values.astype(np.float32, copy=False).reshape((stop - start, *shape[1:]) if shape else ())
 
 
 class GraftedSource:
     """The float32 weights of a grafted file, read from its memory map (re-encoding float -> int8 / int4)."""
 
     def __init__(self, path: Path, model):
-        self.map = read_map(path)
+        self.fd = os.open(path, os.O_RDONLY)  # the inode stays readable after the file is replaced
         self.found = {}
         for sg in model.subgraphs:
             for t in sg.tensors:
@@ -190,13 +205,16 @@ class GraftedSource:
     def shape(self, name: str) -> tuple:
         return self.found[name][1]
 
+    def __del__(self):
+        os.close(self.fd)
+
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         offset, shape = self.found[name]
         width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
         count = (stop - start) * width if shape else 1
-        data = np.frombuffer(self.map, np.float32, count, offset + 4 * start * width)
-        return data.reshape((stop - start, *shape[1:]) if shape else ())
+        raw = os.pread(self.fd, 4 * count, offset + 4 * start * width)  # a read, not the map: RSS stays flat
+        return np.frombuffer(raw, np.float32).reshape((stop - start, *shape[1:]) if shape else ())
 
 
 def read_map(path: Path) -> mmap.mmap:
