@@ -4,7 +4,6 @@ LiteRT-LM runtime from the rebuilt .litertlm with speculative decoding on."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import numpy as np
@@ -162,48 +161,52 @@ def test_litertlm_runs_the_quantized_bundle_with_speculation(recipe, float_expor
 
 
 def test_int4_picks_the_block_per_tensor_where_the_width_is_not_a_multiple(float_export, tmp_path_factory):
-    """Block 128 on the tiny pair: the drafter's inputs are 32 and 64 wide, which aeq would refuse ("not divisible
-    by block size 128"); those weights fall back to the largest block that divides them."""
+    """Block 128 on the tiny pair: the drafter's inputs are 32 and 64 wide (int4 blockwise needs whole blocks);
+    those weights fall back to the largest block that divides them."""
     folder, manifest = derive(float_export, tmp_path_factory.mktemp("litert_int4_b128"),
                               {"target": "int4", "drafter": "int4"}, block_size=128)
     detail = manifest.backend("litert").options["quantization"]["drafter"]
     assert detail["block_size"] == 128
-    fallback = {e["input_dim"]: e["granularity"] for e in detail["per_tensor_blocks"]}
-    assert fallback == {32: "BLOCKWISE_32", 64: "BLOCKWISE_64"}  # the drafter's hidden / backbone widths
+    int4 = {k for k in detail["weights"] if k.startswith("int4")}
+    assert int4 == {"int4/b32", "int4/b64"}  # the drafter's hidden / backbone widths
     ids = PROMPTS[1]
     assert greedy(folder, ids, mtp=True) == greedy(folder, ids, mtp=False)
 
 
 def test_zero_int4_blocks_get_a_positive_scale(tmp_path):
-    """XNNPACK refuses an INT4 weight with a zero scale (the pad row of the tied embedding); the fix keeps the
-    block's values exactly zero."""
+    """XNNPACK refuses an INT4 weight with a zero scale (the pad row of the tied embedding): an all-zero block is
+    written with the smallest positive float16 scale and values exactly zero, and the graph runs."""
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_litert.interpreter import Interpreter
-    from ai_edge_quantizer import qtyping, quantizer
-    from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
     import litert_torch
     import torch
+
+    from mtpkit.export.backends import litert_graft
 
     linear = torch.nn.Linear(64, 8, bias=False)
     with torch.no_grad():
         linear.weight[0] = 0  # an all-zero output channel: two all-zero blocks of 32
-    path = str(tmp_path / "fc.tflite")
-    litert_torch.convert(linear.eval(), (torch.randn(1, 64),)).export(path)
-    qt = quantizer.Quantizer(path)
-    qt.add_dynamic_config(regex=".*", operation_name=qtyping.TFLOperationName.FULLY_CONNECTED, num_bits=4,
-                          granularity=qtyping.QuantGranularity.BLOCKWISE_32)
-    with np.errstate(invalid="ignore"):
-        data = bytearray(qt.quantize(enable_progress_bar=False, enable_progress_report=False).quantized_model)
-    assert litert_quant.nonzero_int4_scales(data) == 2
-    assert litert_quant.nonzero_int4_scales(data) == 0  # nothing left to raise
-    model = tfl.read_model(bytes(data))
-    weight = next(t for t in model.subgraphs[0].tensors if t.type == schema.TensorType.INT4)
-    packed = np.frombuffer(model.buffers[weight.buffer].data, np.uint8)
-    assert not packed[:32].any()  # row 0: 64 int4 values, two per byte
-    interp = Interpreter(model_content=bytes(data))
-    runner = interp.get_signature_runner()
+    weights = litert_graft.WeightInputs()
+    converter = litert_torch.Converter()
+    with weights.converting():
+        converter.signature("fc", linear.eval(), sample_kwargs={"input": torch.randn(1, 64)})
+    skeleton, path = tmp_path / "skeleton.tflite", tmp_path / "fc.tflite"
+    converter.convert(strict_export=False).export(str(skeleton))
+    done = litert_graft.graft(skeleton, path, litert_graft.StateSource(linear.state_dict()),
+                              lambda *a: litert_graft.Encoding("int4", 32), names=weights.names)
+    assert done == {"weight": "int4/b32"}
+    data = path.read_bytes()
+    model = schema.ModelT.InitFromPackedBuf(data, 0)
+    tensors = model.subgraphs[0].tensors
+    weight = next(t for t in tensors if t.type == schema.TensorType.INT4)
+    scales = tensors[weight.quantization.details.scales]
+    at = model.buffers[scales.buffer]
+    assert (np.frombuffer(data, np.float16, 16, at.offset)[:2] == np.finfo(np.float16).tiny).all()
+    at = model.buffers[weight.buffer]
+    assert not np.frombuffer(data, np.uint8, 32, at.offset).any()  # row 0: 64 int4 values, two per byte
+    runner = Interpreter(model_content=data).get_signature_runner("fc")
     x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
-    y = next(iter(runner(**{next(iter(runner.get_input_details())): x}).values()))
+    y = next(iter(runner(input=x).values()))
     assert y[0, 0] == 0 and np.abs(y[0, 1:] - (x @ linear.weight.detach().numpy().T)[0, 1:]).max() < 0.5
 
 
@@ -212,26 +215,4 @@ def test_litert_accepts_quantized_recipes(tmp_path):
 
     cfg = ExportConfig(target="t", drafter="d", out=tmp_path / "out", backend="litert", quant="int4",
                        drafter_quant="int8", block_size=64)
-    assert cfg.backend == ("onnx", "litert") and (cfg.quant, cfg.drafter_quant) == ("int4", "int8")
-
-
-def test_aeq_progress_bar_is_off_inside_the_scope_and_restored(tmp_path, monkeypatch):
-    """ai-edge-quantizer 0.10.0 drops enable_progress_bar=False before its transformation stage (workaround scoped)."""
-    from ai_edge_quantizer import model_modifier, qtyping, quantizer, transformation_performer
-    import litert_torch
-    import torch
-
-    seen = []
-    real = transformation_performer.TransformationPerformer.transform_graph
-    monkeypatch.setattr(transformation_performer.TransformationPerformer, "transform_graph",
-                        lambda self, *a: seen.append(a[3] if len(a) > 3 else None) or real(self, *a))
-    path = str(tmp_path / "fc.tflite")
-    litert_torch.convert(torch.nn.Linear(64, 8, bias=False).eval(), (torch.randn(1, 64),)).export(path)
-    before = model_modifier.ModelModifier.modify_model
-    for quiet in (False, True):
-        qt = quantizer.Quantizer(path)
-        qt.add_dynamic_config(regex=".*", operation_name=qtyping.TFLOperationName.FULLY_CONNECTED, num_bits=8)
-        with litert_quant._quiet_aeq() if quiet else contextlib.nullcontext():
-            qt.quantize(enable_progress_bar=False, enable_progress_report=False)
-    assert seen == [None, False]  # upstream: the flag is lost; inside the scope: forced off
-    assert model_modifier.ModelModifier.modify_model is before
+    assert cfg.backend == ("litert",) and (cfg.quant, cfg.drafter_quant) == ("int4", "int8")

@@ -119,7 +119,7 @@ def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_expo
 
 
 def test_litert_takes_int8_dynamic_as_its_int8(tmp_path, monkeypatch):
-    """LiteRT's int8 (dynamic_wi8_afp32) quantizes activations at run time already: the same aeq recipe runs."""
+    """LiteRT's int8 (dynamic range) quantizes activations at run time already: its int8 runs."""
     from mtpkit.export.backends import litert_quant
     from mtpkit.runtime.manifest import Backend, GraphFile
 
