@@ -12,6 +12,7 @@ import contextlib
 import numpy as np
 import torch
 
+from .progress import progress
 from .scoped import patched
 
 DRAFT_LENGTHS = (1, 2, 4, 8)
@@ -87,7 +88,8 @@ def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) ->
     entries, arrays = [], {}
     gen = greedy_kwargs(max_new_tokens, eos_ids)
     with torch.no_grad(), patched(drafter.generation_config, "num_assistant_tokens",
-                                  drafter.generation_config.num_assistant_tokens):
+                                  drafter.generation_config.num_assistant_tokens), \
+            progress(len(prompts), "reference", "prompts") as advance:
         for name, ids in prompts:
             x = torch.tensor([ids])
             arrays[f"{name}.last_logits"] = target(x).logits[0, -1].numpy().astype(np.float32)
@@ -99,4 +101,5 @@ def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) ->
                     out = target.generate(x, assistant_model=drafter, **gen)[0, len(ids):].tolist()
                 assisted[str(k)] = {"output_ids": out, "drafts": [drafts for _, drafts in rounds]}
             entries.append({"name": name, "prompt_ids": list(ids), "greedy_ids": plain, "assisted": assisted})
+            advance(1)
     return {"max_new_tokens": max_new_tokens, "eos_ids": eos_ids, "prompts": entries}, arrays

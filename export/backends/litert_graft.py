@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..progress import progress
+
 WEIGHT = "w:"  # name prefix of every grafted weight tensor: "w:" + the module's parameter name
 _INPUT = "mtpkit_weight_"  # the signature-input names the converter sees
 _ALIGN = 64
@@ -226,18 +228,17 @@ def read_map(path: Path) -> mmap.mmap:
 
 
 def checkpoint_resolver(keys) -> Callable[[str], str]:
-    """Module parameter name -> checkpoint key: the longest dotted suffix that names exactly one key."""
+    """Module parameter name -> checkpoint key: the longest dotted suffix (of two parts at least) that names
+    exactly one key."""
     keys = list(keys)
 
     def resolve(name: str) -> str:
         parts = name.split(".")
-        for i in range(len(parts)):
+        for i in range(max(1, len(parts) - 1)):  # the leaf and its module at least: "1.weight" names nothing
             suffix = ".".join(parts[i:])
             hits = [k for k in keys if k == suffix or k.endswith("." + suffix)]
             if len(hits) == 1:
                 return hits[0]
-            if len(hits) > 1 and i == len(parts) - 1:
-                break
         raise KeyError(f"no checkpoint tensor for {name!r}")
 
     return resolve
@@ -292,7 +293,7 @@ def _detach_inputs(model, where) -> None:
 
 
 def graft(skeleton: bytes | Path, out: Path, source, choose: Callable[[str, tuple, set], Encoding],
-          names: dict[str, str] | None = None, progress=None) -> dict[str, str]:
+          names: dict[str, str] | None = None) -> dict[str, str]:
     """Write `skeleton` to `out` with every weight a constant from `source`, encoded as `choose` says.
 
     Returns parameter name -> encoding ("int4/b32", "int8", "float32", ...). `out` appears complete or not at all.
@@ -317,7 +318,7 @@ def graft(skeleton: bytes | Path, out: Path, source, choose: Callable[[str, tupl
             raise ValueError(f"weight {name}: the graph wants shape {shape}, the source has {source.shape(name)}")
         enc = choose(name, shape, uses[name])
         plan.append(_place(model, name, places, shape, enc))
-    return _write(model, plan, source, Path(out), progress)
+    return _write(model, plan, source, Path(out))
 
 
 def _new_buffer(model) -> int:
@@ -398,7 +399,7 @@ def _pack(model) -> bytes:
     return bytes(builder.Output())
 
 
-def _write(model, plan: list[dict], source, out: Path, progress) -> dict[str, str]:
+def _write(model, plan: list[dict], source, out: Path) -> dict[str, str]:
     """Flatbuffer first (offsets computed from the encoded sizes), then the weights; the flatbuffer is packed
     again with the int8 scales found while writing (same length: only values change)."""
     for buf in model.buffers:  # a re-grafted file's old weight buffers: unreferenced from here on
@@ -416,12 +417,11 @@ def _write(model, plan: list[dict], source, out: Path, progress) -> dict[str, st
     tmp = out.with_name(f".{out.name}.partial")
     encodings = {}
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb") as f, progress(len(plan), f"writing {out.name}", "tensors") as advance:
             f.write(head)
             for p in plan:
                 encodings[p["name"]] = _write_weight(f, model, p, source)
-                if progress:
-                    progress(1)
+                advance(1)
             f.truncate(max(f.tell(), 1))
             final = _pack(model)
             if len(final) != len(head):

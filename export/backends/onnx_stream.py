@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..progress import progress
+
 # onnx_ir's writer materializes at most this many bytes of lazy tensors at once
 IN_FLIGHT_BYTES = 256 << 20
 SLAB_BYTES = 64 << 20  # what one large weight holds in fp32 at a time while it is written
@@ -176,7 +178,7 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
     import onnx_ir as ir
 
     model = ir.load(path)
-    graph, replaced = model.graph, 0
+    graph, replaced, packs = model.graph, 0, []
     for node in list(graph):
         b = node.inputs[1] if node.op_type == "MatMul" and node.domain == "" else None
         tensor = b.const_value if b is not None and b.is_initializer() else None
@@ -184,6 +186,7 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
             continue
         k, n = tensor.shape
         quant = _Packed(tensor, bits, block_size)
+        packs.append(quant)
         blocks, blob = -(-k // block_size), block_size * bits // 8
         packed = ir.Value(name=f"{b.name}_Q{bits}", shape=ir.Shape([n, blocks, blob]),
                           type=ir.TensorType(ir.DataType.UINT8), const_value=ir.LazyTensor(
@@ -209,7 +212,10 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
         replaced += 1
     if replaced:
         model.opset_imports.setdefault(MS_DOMAIN, 1)
-        _save_replacing(model, path)
+        with progress(len(packs), f"quantizing {path.name}", "tensors") as advance:
+            for quant in packs:  # each weight is packed while the file is written
+                quant.done = advance
+            _save_replacing(model, path)
     return replaced
 
 
@@ -233,6 +239,7 @@ class _Packed:
 
     def __init__(self, tensor, bits: int, block_size: int):
         self.tensor, self.bits, self.block_size, self.result, self.reads = tensor, bits, block_size, None, 0
+        self.done = lambda n: None  # progress: called once per weight written
 
     def get(self, index: int) -> np.ndarray:
         if self.result is None:
@@ -241,6 +248,7 @@ class _Packed:
         self.reads += 1
         if self.reads % 2 == 0:
             self.result = None
+            self.done(1)
         return value
 
 
