@@ -346,9 +346,11 @@ def signature_order(path: Path) -> list[str]:
 
 
 def describe_file(path: Path, kind: str, owners: list[int]) -> dict:
-    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    interpreter = Interpreter(model_path=str(path))
+    NO_DELEGATES = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES  # signatures only: XNNPACK would pack weights
+
+    interpreter = Interpreter(model_path=str(path), experimental_op_resolver_type=NO_DELEGATES)
     signatures = {}
     for index, key in enumerate(signature_order(path)):
         runner = interpreter.get_signature_runner(key)

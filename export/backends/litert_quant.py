@@ -160,13 +160,16 @@ def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
 def redescribe(folder: Path, graphs: dict[str, GraphFile], signatures: dict[str, Signature]) -> dict[str, Signature]:
     """Signatures with shapes / dtypes read back from the rewritten files (roles, layers and names kept): the
     runtime binds by role, so a dtype change must reach the manifest. A renamed or missing tensor is an error."""
-    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    NO_DELEGATES = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES  # signatures only: XNNPACK would pack weights
 
     interpreters, out = {}, {}
     for key, sig in signatures.items():
         graph = graphs[sig.graph]
         if graph.file not in interpreters:
-            interpreters[graph.file] = Interpreter(model_path=str(folder / graph.file))
+            interpreters[graph.file] = Interpreter(model_path=str(folder / graph.file),
+                                                   experimental_op_resolver_type=NO_DELEGATES)
         runner = interpreters[graph.file].get_signature_runner(sig.backend_name)
 
         def specs(old: list[TensorSpec], details: dict) -> list[TensorSpec]:
