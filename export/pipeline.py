@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from mtpkit import __version__
+from mtpkit.runtime.backends.litert import without_weight_packing
 from mtpkit.runtime.backends.onnx import without_prepacking
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
@@ -102,7 +103,8 @@ def _graphs_checked(cfg: ExportConfig, job: ExportJob, phases: PhaseLog, sources
     manifest.save(job.folder)
     if cfg.check:
         log.info("[4/5] checking every graph against PyTorch")
-        with phases.phase("[4/5]", "check"), without_prepacking():  # one-off float sessions: no packed copy
+        with phases.phase("[4/5]", "check"), without_prepacking(), without_weight_packing():  # one-off float
+            # sessions and interpreters: no packed copy of the weights
             _check_graphs(manifest, job, job.folder)
     if {cfg.quant, cfg.drafter_quant} != {"fp32"}:
         log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",

@@ -26,6 +26,26 @@ RangesView: TypeAlias = Ranges | None
 PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
 
 
+_OPTIONS: dict = {}  # extra Interpreter options, scoped by without_weight_packing()
+
+
+@contextlib.contextmanager
+def without_weight_packing(enabled: bool = True):
+    """Interpreters opened inside run TFLite's builtin kernels on the weights where the file maps them, instead
+    of XNNPACK, which packs a private copy of every fully-connected weight when a graph is opened (a float E2B
+    decoder: about 9 GB). For export's one-off float check; the runtime itself keeps XNNPACK."""
+    before = dict(_OPTIONS)
+    if enabled:
+        from ai_edge_litert.interpreter import OpResolverType
+
+        _OPTIONS["experimental_op_resolver_type"] = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    try:
+        yield
+    finally:
+        _OPTIONS.clear()
+        _OPTIONS.update(before)
+
+
 def default_threads(threads: int | None) -> int:
     """Every graph runs with --threads, else all cores (LiteRT-LM, a peer, gets the same)."""
     return threads or os.cpu_count() or 1
@@ -49,7 +69,8 @@ class LiteRtSession:
         for name, graph in backend.graphs.items():
             if not graph.file.endswith(".tflite"):
                 continue  # the .litertlm bundle is for LiteRT-LM, not for signature runners
-            interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=default_threads(threads))
+            interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=default_threads(threads),
+                                 **_OPTIONS)
             self._runners[name] = interp
         self.threads = {name: default_threads(threads) for name in self._runners}
         self._cache: dict[str, Callable[..., dict[str, np.ndarray]]] = {}
