@@ -48,5 +48,5 @@ class BackendKind:
 BACKENDS = {
     "onnx": BackendKind("window", None, ("onnxruntime",), False),
     "litert": BackendKind("state", "litert", ("ai_edge_litert",), False,
-                          ("litert_torch", "ai_edge_litert", "litert_lm_builder")),
+                          ("litert_torch", "ai_edge_litert", "litert_lm_builder", "ai_edge_quantizer")),
 }
