@@ -271,7 +271,7 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
              accuracy_level: int = 4, ple_bits: int = 8) -> Backend:
-    """Quantized weights re-grafted into the float .tflite files, and the bundle rebuilt (export/backends/litert_quant.py)."""
+    """Quantized weights re-grafted into the float .tflite files, the bundle rebuilt (litert_quant.py)."""
     from .litert_quant import quantize as quantize_litert
 
     return quantize_litert(folder, backend, recipes, block_size, accuracy_level, ple_bits)

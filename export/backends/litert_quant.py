@@ -96,7 +96,7 @@ def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int, ple_bi
     return recipe, {"weights": dict(sorted(counts.items())), "block_size": block_size}
 
 
-WEIGHT_OPS = {("FULLY_CONNECTED", 1), ("EMBEDDING_LOOKUP", 1)}  # the weight inputs quantized: what the ops read as weights
+WEIGHT_OPS = {("FULLY_CONNECTED", 1), ("EMBEDDING_LOOKUP", 1)}  # (op, input) pairs that read a weight
 
 
 def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int):
