@@ -32,16 +32,24 @@ def test_graph_parity_lists_the_litert_signatures_beside_the_onnx_ones(litert_ex
 
 
 def _scale_largest_float_buffer(path, factor: float) -> None:
-    """Multiply the largest float32 weight of a .tflite in place (through flatbuffer views, no re-serialization)."""
+    """Multiply the largest float32 weight of a .tflite in place (through flatbuffer views, no re-serialization);
+    weights sit after the flatbuffer (buffer offsets), small constants inside it."""
     from ai_edge_litert import schema_py_generated as schema
 
     data = bytearray(path.read_bytes())
     model = schema.Model.GetRootAsModel(data, 0)
     subgraph = model.Subgraphs(0)
+
+    def span(t) -> tuple[int, int]:
+        buf = model.Buffers(t.Buffer())
+        if buf.Offset() > 1:
+            return buf.Offset(), buf.Size()
+        return (buf.DataAsNumpy().ctypes.data - np.frombuffer(data, np.uint8).ctypes.data, buf.DataLength()) \
+            if buf.DataLength() else (0, 0)
+
     weights = [subgraph.Tensors(t) for t in range(subgraph.TensorsLength())]
-    weights = [t for t in weights if t.Type() == schema.TensorType.FLOAT32 and model.Buffers(t.Buffer()).DataLength()]
-    buffer = model.Buffers(max(weights, key=lambda t: model.Buffers(t.Buffer()).DataLength()).Buffer())
-    view = buffer.DataAsNumpy().view(np.float32)
+    start, size = max((span(t) for t in weights if t.Type() == schema.TensorType.FLOAT32), key=lambda s: s[1])
+    view = np.frombuffer(memoryview(data)[start:start + size], np.float32)
     view *= np.float32(factor)
     path.write_bytes(data)
 

@@ -168,7 +168,7 @@ def test_int4_picks_the_block_per_tensor_where_the_width_is_not_a_multiple(float
     detail = manifest.backend("litert").options["quantization"]["drafter"]
     assert detail["block_size"] == 128
     int4 = {k for k in detail["weights"] if k.startswith("int4")}
-    assert int4 == {"int4/b32", "int4/b64"}  # the drafter's hidden / backbone widths
+    assert {"int4/b32", "int4/b64"} <= int4 <= {"int4/b32", "int4/b64", "int4/b128"}  # 32 / 64: hidden, backbone
     ids = PROMPTS[1]
     assert greedy(folder, ids, mtp=True) == greedy(folder, ids, mtp=False)
 
