@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from typing import Callable, TypeAlias
 
 import numpy as np
@@ -26,11 +27,11 @@ RangesView: TypeAlias = Ranges | None
 PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
 
 
-_OPTIONS: dict = {}  # extra Interpreter options, scoped by without_weight_packing()
+_OPTIONS: dict[str, object] = {}  # extra Interpreter options, scoped by without_weight_packing()
 
 
 @contextlib.contextmanager
-def without_weight_packing(enabled: bool = True):
+def without_weight_packing(enabled: bool = True) -> Iterator[None]:
     """Interpreters opened inside run TFLite's builtin kernels on the weights where the file maps them, instead
     of XNNPACK, which packs a private copy of every fully-connected weight when a graph is opened (a float E2B
     decoder: about 9 GB). For export's one-off float check; the runtime itself keeps XNNPACK."""
