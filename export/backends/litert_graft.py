@@ -402,9 +402,9 @@ def _pack(model) -> bytes:
 def _write(model, plan: list[dict], source, out: Path) -> dict[str, str]:
     """Flatbuffer first (offsets computed from the encoded sizes), then the weights; the flatbuffer is packed
     again with the int8 scales found while writing (same length: only values change)."""
-    for buf in model.buffers:  # a re-grafted file's old weight buffers: unreferenced from here on
-        if buf.offset > 1 and not any(buf is model.buffers[p["data"]] or (p["scales"] is not None and buf is
-                                      model.buffers[p["scales"]]) for p in plan):
+    fresh = {p[key] for p in plan for key in ("data", "scales") if p[key] is not None}
+    for i, buf in enumerate(model.buffers):  # a re-grafted file's old weight buffers: unreferenced from here on
+        if buf.offset > 1 and i not in fresh:
             buf.offset, buf.size = 0, 0
     head = _pack(model)
     cursor = _aligned(len(head) + 4096)  # slack: the second pack must not be longer
