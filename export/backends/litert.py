@@ -178,19 +178,21 @@ def _bundle_with_drafter(drafter_path: Path):
 
 
 @contextlib.contextmanager
-def _grafted_before_packaging(weights: litert_graft.WeightInputs, source):
-    """export_hf writes weightless graphs (WeightInputs); graft the checkpoint's weights into each of them in
-    its work folder before package_model bundles them."""
+def _grafted_after_packaging(weights: litert_graft.WeightInputs, source):
+    """export_hf writes weightless graphs (WeightInputs) and bundles them as they are (a bundle of a few MB);
+    then the checkpoint's weights are grafted into each graph in its work folder. The bundle gets the final
+    graphs' bytes once they exist (litert_quant.rebuild_bundle), so no float copy of the model is bundled."""
     from litert_torch.generative.export_hf.core import litert_lm_builder
 
     real = litert_lm_builder.package_model
 
     def package_model(source_artifacts, export_config, exported):
+        packaged = real(source_artifacts, export_config, exported)
         work = Path(export_config.work_dir)
         for name in ("embedder.tflite", "model.tflite", "per_layer_embedder.tflite"):
             if (work / name).is_file():
                 litert_graft.graft(work / name, work / name, source, _float, names=weights.names)
-        return real(source_artifacts, export_config, exported)
+        return packaged
 
     with patched(litert_lm_builder, "package_model", package_model):
         yield
@@ -218,7 +220,7 @@ def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path:
             return False
 
     weights = litert_graft.WeightInputs(buffer_kept=kept)
-    with _bundle_with_drafter(drafter_path), weights.converting(), _grafted_before_packaging(weights, source), \
+    with _bundle_with_drafter(drafter_path), weights.converting(), _grafted_after_packaging(weights, source), \
             weights_loader.init_params_on_meta():
         hf.export.export(model=str(checkpoint), output_dir=str(work), keep_temporary_files=True,
                          prefill_lengths=[prefill_len], cache_length=cache_len, quantization_recipe="none",
@@ -231,7 +233,8 @@ def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path:
 def export(job: ExportJob) -> Backend:
     """The LiteRT graphs and .litertlm bundle into job.folder; their manifest entry."""
     info = export_litert(job.target_folder, job.drafter, job.target, job.folder, prefill_len=job.cfg.prefill_len,
-                         cache_len=job.cfg.max_cache_len, max_draft=job.max_draft)
+                         cache_len=job.cfg.max_cache_len, max_draft=job.max_draft,
+                         bundled={job.cfg.quant, job.cfg.drafter_quant} == {"fp32"})
     return manifest_entry(job.folder, info)
 
 
@@ -278,7 +281,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
 
 
 def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, *, prefill_len: int,
-                  cache_len: int, max_draft: int) -> dict:
+                  cache_len: int, max_draft: int, bundled: bool = True) -> dict:
     """Write target.tflite, embedder.tflite, per_layer_embedder.tflite, drafter.tflite and model.litertlm.
 
     Args:
@@ -286,6 +289,8 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
         drafter_model: the loaded Gemma4AssistantForCausalLM (fp32; restored unchanged afterwards).
         target_model: the loaded Gemma4ForCausalLM (its config gives KV owners and store layers).
         out_dir: an existing folder; only files inside it are written, temporaries are removed.
+        bundled: put the float graphs into model.litertlm; False leaves it holding the weightless graphs for
+            quantize() to fill with the quantized ones, so the float model is never written twice.
     Returns:
         the description of every file and signature (see describe()); the pipeline's PhaseLog records this
         phase's time and peak RSS (export/phases.py).
@@ -305,6 +310,11 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
             shutil.move(str(work / src), str(out_dir / dst))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if bundled:
+        from .litert_quant import BUNDLE_SECTIONS, rebuild_bundle
+
+        rebuild_bundle(out_dir / "model.litertlm", {section: out_dir / f"{name}.tflite"
+                                                    for name, section in BUNDLE_SECTIONS.items()})
     info = describe(out_dir, target_model.config, prefill_len=prefill_len, cache_len=cache_len,
                     max_draft=max_draft)
     return info

@@ -3,6 +3,7 @@ own memory map, then the .litertlm bundle's sections swapped for the results. Ca
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 from pathlib import Path
@@ -122,7 +123,8 @@ def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int):
 
 def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
     """Replace every .tflite section of the .litertlm by the file of its model_type, keeping the other sections
-    (metadata, tokenizer) and the section order; check the result carries exactly the files' bytes.
+    (metadata, tokenizer) and the section order; check the result carries exactly the files' bytes. Sections are
+    copied from the files a block at a time, never held in memory.
 
     Returns the model types of the bundle's TFLite sections.
     """
@@ -138,23 +140,76 @@ def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
         if model_type not in files:
             raise RuntimeError(f"{bundle.name}: section {i} has model_type {model_type!r}, which no exported "
                                f"file provides (have {', '.join(files)})")
-        overrides[i] = files[model_type].read_bytes()
+        overrides[i] = _FileSection(Path(files[model_type]))
         types.append(model_type)
     missing = set(files) - set(types)
     if missing:
         raise RuntimeError(f"{bundle.name} has no section for {', '.join(sorted(missing))}")
     tmp = bundle.with_name(f".{bundle.name}.rebuilt")
-    source.serialize(tmp, overrides)
-    shutil.copymode(bundle, tmp)  # serialize creates it executable
-    del source  # the source's buffers are read from bundle until here
-    rebuilt = litertlm_utils.LiteRTLMFile(tmp)
-    for i, data in overrides.items():
-        if bytes(rebuilt.get_section_buffer(i)) != data:
-            tmp.unlink()
-            raise RuntimeError(f"{bundle.name}: rebuilt section {i} ({types[list(overrides).index(i)]}) differs "
-                               "from its .tflite file")
-    tmp.replace(bundle)
+    try:
+        with _streamed_output(litertlm_utils.mmap_utils):
+            source.serialize(tmp, overrides)
+        rebuilt = litertlm_utils.LiteRTLMFile(tmp).sections
+        for i, section in overrides.items():
+            if not _same_bytes(section.path, tmp, rebuilt[i].beginOffset, rebuilt[i].endOffset):
+                raise RuntimeError(f"{bundle.name}: rebuilt section {i} ({source.get_model_type(i)}) differs "
+                                   f"from {section.path.name}")
+        shutil.copymode(bundle, tmp)
+        tmp.replace(bundle)
+    finally:
+        tmp.unlink(missing_ok=True)
     return types
+
+
+_BLOCK = 64 << 20  # bytes copied or compared at a time
+
+
+class _FileSection:
+    """A section override that serialize sizes by len() and _StreamedFile copies from its file."""
+
+    def __init__(self, path: Path):
+        self.path, self.size = path, path.stat().st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class _StreamedFile:
+    """serialize's output file: bytes are written as given, a _FileSection is copied in from its file."""
+
+    def __init__(self, path):
+        self.f = open(path, "wb")
+
+    def write(self, data) -> int:
+        if not isinstance(data, _FileSection):
+            return self.f.write(data)
+        with open(data.path, "rb") as src:
+            shutil.copyfileobj(src, self.f, _BLOCK)
+        return data.size
+
+    def close(self) -> None:
+        self.f.close()
+
+
+@contextlib.contextmanager
+def _streamed_output(mmap_utils):
+    """ai-edge-quantizer 0.10.0's LiteRTLMFile.serialize writes into a memory map of the whole output and takes
+    every section as an in-memory buffer; give it a plain file that streams _FileSection overrides instead."""
+    from ..scoped import patched
+
+    with patched(mmap_utils, "get_mapped_buffer_or_none", lambda path, size: _StreamedFile(path)):
+        yield
+
+
+def _same_bytes(path: Path, other: Path, begin: int, end: int) -> bool:
+    if path.stat().st_size != end - begin:
+        return False
+    with open(path, "rb") as a, open(other, "rb") as b:
+        b.seek(begin)
+        while chunk := a.read(_BLOCK):
+            if b.read(len(chunk)) != chunk:
+                return False
+    return True
 
 
 def redescribe(folder: Path, graphs: dict[str, GraphFile], signatures: dict[str, Signature]) -> dict[str, Signature]:
