@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--drafter", required=True, help="drafter (-assistant) checkpoint: local folder or hub id")
     p.add_argument("--out", required=True, type=Path, help="export folder to create")
     p.add_argument("--backend", default="onnx",
-                   help=f"comma-separated: {', '.join(BACKENDS)} (every backend also writes the ONNX graphs it is "
-                        "checked against; default onnx)")
+                   help=f"comma-separated: {', '.join(BACKENDS)} (each backend's graphs are checked against "
+                        "PyTorch; default onnx)")
     p.add_argument("--max-cache-len", type=int, default=None,
                    help="KV capacity in tokens: prompt + generated (default 4096, or the target's "
                         "max_position_embeddings when that is smaller)")

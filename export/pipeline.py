@@ -77,7 +77,9 @@ def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, 
     log.info("  target weights held in %s", str(next(job.target.parameters()).dtype).removeprefix("torch."))
     with tad.fp32_compute(job.target):  # PyTorch computes in fp32 whatever the weights are held in (--dtype)
         manifest = _graphs_checked(cfg, job, phases, sources)
-    with phases.phase("[4/5]", "acceptance"), without_prepacking(enabled=cfg.quant == "fp32"):
+    float_final = cfg.quant == "fp32"  # float graphs kept: no packed copy of them for this one-off run either
+    with phases.phase("[4/5]", "acceptance"), without_prepacking(enabled=float_final), \
+            without_weight_packing(enabled=float_final):
         manifest = _record_acceptance(manifest, tmp)
     log.info("[5/5] writing %s", cfg.out)
     with phases.phase("[5/5]", "write"):
@@ -123,7 +125,7 @@ def _job(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src) -> Export
 def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     """Quantize each backend's float graphs (checked above) in place, then measure and gate the result."""
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
-    with without_prepacking():
+    with without_prepacking(), without_weight_packing():  # one-off float runs: no packed copy of the weights
         float_figures = {kind: fidelity.runtime_figures(job.folder, reference, backend=kind) for kind in manifest.backends}
     cfg = job.cfg
     recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}

@@ -353,7 +353,7 @@ def signature_order(path: Path) -> list[str]:
     """Signature keys in flatbuffer order: LiteRT-LM runs the drafter's signature index 0."""
     from ai_edge_litert import schema_py_generated as schema
 
-    model = schema.Model.GetRootAsModel(path.read_bytes(), 0)
+    model = schema.Model.GetRootAsModel(litert_graft.read_map(path), 0)  # mapped: a large file's weights stay unread
     return [model.SignatureDefs(i).SignatureKey().decode() for i in range(model.SignatureDefsLength())]
 
 
