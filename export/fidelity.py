@@ -19,6 +19,8 @@ import torch
 from mtpkit.errors import MtpkitError
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 
+from .mapped import CHECKPOINT, page_out
+
 log = logging.getLogger("mtpkit")
 
 # Minimum teacher-forced top-1 agreement of the target with float PyTorch, per recipe (the gate's default).
@@ -48,6 +50,7 @@ def teacher_forced(folder: Path, target, reference: dict, backend: str | None = 
         got = np.stack(rows).astype(np.float64)
         with torch.no_grad():
             want = target(torch.tensor([prompt + cont])).logits[0, len(prompt) - 1:].double().numpy()
+        page_out(*CHECKPOINT)  # the model and the graphs are not resident together (export/mapped.py)
         agree.append(got.argmax(-1) == want.argmax(-1))
         kls.append(_kl(want, got))
         max_abs, positions = max(max_abs, float(np.abs(got - want).max())), positions + len(got)

@@ -24,6 +24,7 @@ from . import fidelity
 from . import reference as reference_lib
 from . import outdir, preflight, verify
 from .backends import ExportJob
+from .mapped import GRAPHS, page_out
 from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve, safetensors_files
 from .config import ExportConfig
 from .models import drafter_adapter, target_adapter
@@ -127,6 +128,7 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
     with without_prepacking(), without_weight_packing():  # one-off float runs: no packed copy of the weights
         float_figures = {kind: fidelity.runtime_figures(job.folder, reference, backend=kind) for kind in manifest.backends}
+    page_out(*GRAPHS)  # the float graphs' pages: rewritten next, not read again
     cfg = job.cfg
     recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
     backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level,

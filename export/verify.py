@@ -22,6 +22,8 @@ import torch
 
 from mtpkit.errors import MtpkitError
 
+from .mapped import CHECKPOINT, GRAPHS, page_out
+
 ATOL = 1e-4
 # ONNX Runtime vs PyTorch may differ this many times PyTorch vs its jittered self: on the random full-size E2B
 # (600 tokens) the ratio was 1.6 on logits (0.323 vs 0.202) and on the final hidden states (0.317 vs 0.196)
@@ -92,6 +94,7 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
             k_new = out[sig.output("new_key", layer).name]
             v_new = out[sig.output("new_value", layer).name]
             kv[layer] = (np.concatenate([kv[layer][0], k_new], 2), np.concatenate([kv[layer][1], v_new], 2))
+    page_out(*GRAPHS)
     checks += _check_draft(manifest, sessions, target, drafter, ids, hf)
     return checks
 
@@ -112,6 +115,7 @@ def check_runtime(manifest, kind: str, target, drafter, ids: list[int]) -> list[
         checks.append(_compare(name, logits, ref_logits[rows], noise=noise[0], backend=kind))
         checks.append(_compare(name + ".hidden_states", hidden, ref_hidden[rows], logits=False, noise=noise[1],
                                backend=kind))
+    page_out(*GRAPHS)
     view = graph_target.kv.drafter_view(len(ids), "clean")
     for step, (token, hidden, ref) in enumerate(_draft_reference(manifest, target, drafter, ids, hf)):
         logits, projected = graph_drafter.step(token, hidden.numpy().reshape(-1), len(ids), view)
@@ -131,7 +135,9 @@ def _reference(target, ids: list[int]):
     with torch.no_grad():
         hf = target(torch.tensor([ids]), output_hidden_states=True, return_shared_kv_states=True, use_cache=False)
     ref_logits, ref_hidden = hf.logits[0].numpy(), hf.hidden_states[-1][0].numpy()
-    return hf, ref_logits, ref_hidden, _reference_noise(target, ids, ref_logits, ref_hidden)
+    noise = _reference_noise(target, ids, ref_logits, ref_hidden)
+    page_out(*CHECKPOINT)  # the model's pages leave the resident set before the graph's come in (export/mapped.py)
+    return hf, ref_logits, ref_hidden, noise
 
 
 def _reference_noise(target, ids: list[int], logits: np.ndarray, hidden: np.ndarray) -> tuple[float, float]:
