@@ -107,6 +107,14 @@ class StateKV:
         for key in self.tensors:
             self.tensors[key] = out[key]
 
+    def write(self, layer: int, key: np.ndarray, value: np.ndarray) -> None:
+        """Positions 0..S-1 of layer's cache from K and V given as [1, h, S, d] (the export's check feeds the
+        drafter PyTorch's own K/V this way, so the drafter graph is compared on the same inputs as PyTorch)."""
+        n = key.shape[2]
+        k, v = (self.tensors[(role, layer)].copy() for role in ("kv_key", "kv_value"))  # outputs may be read-only
+        k[:, :, :n], v[:, :, :, :n] = key, np.swapaxes(value, 2, 3)
+        self.tensors[("kv_key", layer)], self.tensors[("kv_value", layer)] = k, v
+
     def causal_mask(self, pos: int, count: int) -> np.ndarray:
         """[1,1,count,C]: row i (query at pos+i) sees every slot <= pos+i; the graph adds the sliding window."""
         slots = np.arange(self.capacity)
