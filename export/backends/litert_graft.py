@@ -28,7 +28,7 @@ from ..progress import progress
 WEIGHT = "w:"  # name prefix of every grafted weight tensor: "w:" + the module's parameter name
 _INPUT = "mtpkit_weight_"  # the signature-input names the converter sees
 _ALIGN = 64
-_ROWS_BYTES = 64 << 20  # rows read and encoded per step
+_ROWS_BYTES = 16 << 20  # rows read and encoded per step: each encoding holds a few temporaries of this size
 
 
 # ---- conversion with the weights as inputs ----
