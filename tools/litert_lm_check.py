@@ -75,8 +75,13 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", type=Path)
     a = p.parse_args()
+    import atexit
+
     import litert_lm
+    from mtpkit.runtime.backends.litert_lm import _silent_exit
     from mtpkit.runtime.manifest import load_manifest
+
+    atexit.register(_silent_exit)  # LiteRT-LM logs its teardown on fd 2 after everything is printed
 
     bundle = load_manifest(a.export).path(load_manifest(a.export).backend("litert").graphs["bundle"].file)
     supported = bool(litert_lm.ModelInfo(str(bundle)).llm.has_speculative_decoding_support())
@@ -98,7 +103,7 @@ def main() -> int:
     for name, run in runs.items():
         per_token = [s / a.max_new_tokens * 1000 for s in run["seconds"]]
         print(f"{name:26s} agrees {sum(run['agrees_with_litert_lm_plain'])}/{len(PROMPTS)}  "
-              f"ms/token {' '.join(f'{x:.0f}' for x in per_token)}"
+              f"ms/token {' '.join(f'{x:.1f}' for x in per_token)}"
               + (f"  drafter ran: {run['drafter_ran']}" if "drafter_ran" in run else ""))
     print(f"speculative decoding support: {supported}; {'ok' if ok else 'FAILED'}")
     if a.json:
