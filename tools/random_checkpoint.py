@@ -4,8 +4,9 @@ written tensor by tensor, so a 5.1 B-parameter target never sits in memory (not 
     python tools/random_checkpoint.py OUT --model e2b|e4b [--dtype bf16] [--seed 0]
 
 Writes OUT/target (gemma4 hub layout: text weights only, bf16 safetensors shards of <= 2 GB with an index) and
-OUT/drafter (gemma4_assistant), each with make-tiny's byte-level tokenizer (512 ids; the model's vocabulary stays
-262144) and a generation config. Weights are N(0, 0.02), norms 1, as transformers initialises them; the drafter's
+OUT/drafter (gemma4_assistant), each with make-tiny's byte-level tokenizer extended to the model's 262144 ids (`<unusedN>`: any
+generated id decodes to its own text, so runtimes that return text only, like LiteRT-LM, can be compared token for
+token) and a generation config. Weights are N(0, 0.02), norms 1, as transformers initialises them; the drafter's
 token_ordering is a random permutation. Parameter names and shapes come from transformers' own modules built on
 the meta device.
 """
@@ -126,7 +127,7 @@ def main() -> int:
                 "eos_token_id": [make.EOS_ID, make.END_OF_TURN_ID]} if role == "target" else
                {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant"})
         (folder / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        make.write_tokenizer(folder, make.build_tokenizer())
+        make.write_tokenizer(folder, make.build_tokenizer(VOCAB))
     print(f"{args.model}: target {counts['target'] / 1e9:.3f} B, drafter {counts['drafter'] / 1e6:.1f} M parameters "
           f"({args.dtype}) in {time.time() - started:.0f} s -> {args.out}")
     return 0

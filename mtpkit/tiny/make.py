@@ -131,15 +131,16 @@ def target_config(spec: TinySpec) -> dict:
             "pad_token_id": PAD_ID, "eos_token_id": [EOS_ID, END_OF_TURN_ID], "bos_token_id": BOS_ID}
 
 
-def build_tokenizer():
-    """A byte-level BPE with no merges: deterministic, offline, every string encodable."""
+def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+    """A byte-level BPE with no merges: deterministic, offline, every string encodable. Ids past the bytes are
+    `<unusedN>`, up to vocab_size, so every id a model of that vocabulary emits decodes to its own text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in sorted(alphabet):
         vocab[ch] = len(vocab)
-    while len(vocab) < VOCAB_SIZE:
+    while len(vocab) < vocab_size:
         vocab[f"<unused{len(vocab)}>"] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
