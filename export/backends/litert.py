@@ -31,16 +31,21 @@ log = logging.getLogger("mtpkit")
 from ..models import gemma4_assistant, gemma4_text
 
 MASK_HIDDEN = float(-0.7 * np.finfo(np.float32).max)  # what LiteRT-LM writes (InitializeAttentionMask, fp32)
-# The memory preflight's figures (export/preflight.py; W = the fp32 weights; docs/export-memory.md, e2b-wide W = 580
-# MB). The graphs are converted without weights and written by streaming: converting the weightless graphs costs
-# about 700 MB whatever the size (litert graphs 2156 MiB peak on e2b-wide), the weights add only what is in flight.
+# The memory preflight's figures (export/preflight.py; W = the fp32 weights; docs/export-memory.md). The graphs are
+# converted without weights and written by streaming: converting the weightless graphs costs about 300 MB whatever
+# the size, the weights add only what is in flight.
 MEMORY = ExportMemory(
     base=1700 * MB,  # litert-torch and TensorFlow Lite (about 200 MB) and the weightless conversion
     graphs=0.05,
     quantize=lambda recipes: 0.05,  # re-grafted a block of rows at a time, read with pread
     # the float check opens the graphs without XNNPACK (without_weight_packing): no packed copy stays behind
-    # (e2b-wide onnx,litert int8: check 723 MiB anonymous, estimate 3.0 GB against 3.3 GB measured at quantize)
-    kept=0.0)
+    kept=0.0,
+    # (fixed MiB, growth in W) per phase, fitted to two --backend litert --quant int4 exports: e2b-wide (W = 580
+    # MiB, held fp32) and the full-size random E2B (W = 17954 MiB, held bf16 as stored); quantize is fitted net of
+    # the quantized weights, which the preflight adds (docs/scale-bench.md, "LiteRT at full size")
+    anonymous={"load": (275, 0.017), "litert graphs": (602, 0.057), "reference": (395, 0.217), "check": (249, 0.538),
+               "quantize": (504, 0.235), "acceptance": (437, 0.445)},
+    anonymous_recipes=frozenset({"int8", "int4"}))
 
 class LiteRTDraftStep(nn.Module):
     """Gemma 4 assistant step over the target's LiteRT KV caches (K [1,h,C,d], V transposed [1,h,d,C]).
