@@ -111,6 +111,7 @@ class PhaseLog:
         with peak_rss() as peak:
             yield
         seconds = time.perf_counter() - started
+        trim_heap()
         entry = {"phase": name, "seconds": round(seconds, 2), "peak_rss_mb": round(peak["bytes"] / MB, 1)}
         if "anon" in peak:
             entry["peak_anon_mb"] = round(peak["anon"] / MB, 1)
@@ -128,6 +129,19 @@ class PhaseLog:
         if anon:
             out["peak_anon_mb"] = max(anon)
         return out
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the system (glibc's malloc_trim) when a phase ends: glibc keeps what a
+    phase freed, and the next phase's peak would stand on it (anonymous memory the kernel cannot reclaim)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc
+        pass
 
 
 def human_bytes(n: float) -> str:
