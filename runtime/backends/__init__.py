@@ -43,6 +43,10 @@ class KVStore(Protocol[View_co]):
     def drafter_view(self, pos: int, mode: str) -> View_co:
         """What the drafter may read when drafting for the newest token at `pos`."""
 
+    def write(self, layer: int, key: np.ndarray, value: np.ndarray) -> None:
+        """Overwrite positions 0..S-1 of layer's cache with K and V given as [1, h, S, d] (the export's graph check
+        feeds the drafter PyTorch's own K/V this way)."""
+
 
 class Target(Protocol[View_co]):
     # properties: read-only, so a backend may hold them as plain attributes of a narrower type (ONNX: max_draft

@@ -183,6 +183,10 @@ class WindowKV:
             k[:, :, pos:end] = out[knew]
             v[:, :, pos:end] = out[vnew]
 
+    def write(self, layer: int, key: np.ndarray, value: np.ndarray) -> None:
+        k, v = self.buffers[layer]
+        k[:, :, :key.shape[2]], v[:, :, :value.shape[2]] = key, value
+
     def check_room(self, pos: int, count: int) -> None:
         if pos + count > self.capacity:
             raise CacheFullError(
