@@ -5,7 +5,8 @@
 For each of three prompts: LiteRT-LM's greedy text with speculative decoding off and on, and mtpkit's LiteRT
 backend's greedy text (plain and speculative, k = the drafter's default) on the export's .tflite files. Reports
 whether LiteRT-LM says the bundle supports speculative decoding, whether its drafter section ran (its own log),
-whether every text agrees (over the common length: LiteRT-LM may stop a draft round past the others), and the
+whether every text agrees (over the common length: LiteRT-LM may stop a draft round past the others) and how many
+are identical, and the
 wall time per token of each call (prefill included). Exits 1 when any check fails. Needs the litert extra.
 """
 
@@ -95,6 +96,7 @@ def main() -> int:
     reference = runs["litert-lm plain"]["texts"]
     for run in runs.values():
         run["agrees_with_litert_lm_plain"] = [agree(x, y) for x, y in zip(run["texts"], reference)]
+        run["identical_to_litert_lm_plain"] = [x == y for x, y in zip(run["texts"], reference)]
     ok = supported and runs["litert-lm speculative"]["drafter_ran"] and not runs["litert-lm plain"]["drafter_ran"] \
         and all(all(r["agrees_with_litert_lm_plain"]) for r in runs.values())
     report = {"bundle": str(bundle), "bytes": bundle.stat().st_size, "speculative_decoding_support": supported,
@@ -102,7 +104,8 @@ def main() -> int:
               "ok": ok}
     for name, run in runs.items():
         per_token = [s / a.max_new_tokens * 1000 for s in run["seconds"]]
-        print(f"{name:26s} agrees {sum(run['agrees_with_litert_lm_plain'])}/{len(PROMPTS)}  "
+        print(f"{name:26s} agrees {sum(run['agrees_with_litert_lm_plain'])}/{len(PROMPTS)} "
+              f"(identical {sum(run['identical_to_litert_lm_plain'])})  "
               f"ms/token {' '.join(f'{x:.1f}' for x in per_token)}"
               + (f"  drafter ran: {run['drafter_ran']}" if "drafter_ran" in run else ""))
     print(f"speculative decoding support: {supported}; {'ok' if ok else 'FAILED'}")
