@@ -36,9 +36,15 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="KV capacity in tokens: prompt + generated (default 4096, or the target's "
                         "max_position_embeddings when that is smaller)")
     p.add_argument("--quant", default="fp32", choices=QUANT_RECIPES,
-                   help="target weights: fp32 (default), fp16, int8 or int4 (weight-only, blockwise), or "
-                        "int8-dynamic (per-channel int8 weights, int8 activations at run time); quantized "
-                        "graphs are measured against the float model and gated (see quant_fidelity.json)")
+                   help="target weights: fp32 (default), fp16, int8 or int4 (weight-only, blockwise; int4 picks "
+                        "its scales on calibration text and keeps the sensitive tensors at 8 bits, int4-rtn is "
+                        "plain round-to-nearest), or int8-dynamic (per-channel int8 weights, int8 activations "
+                        "at run time); quantized graphs are measured against the float model and gated (see "
+                        "quant_fidelity.json)")
+    p.add_argument("--calibration", type=Path, default=None, metavar="FILE.jsonl",
+                   help='int4 calibration prompts, one {"text": ...} or {"ids": [...]} per line (default: a small '
+                        "built-in set; it must not contain the export's reference prompts, which fidelity is "
+                        "measured on)")
     p.add_argument("--drafter-quant", default=None, choices=QUANT_RECIPES, help="drafter weights (default: --quant)")
     p.add_argument("--ple-quant", default="int8", choices=PLE_RECIPES,
                    help="per-layer-embedding table under --quant int8/int4/int8-dynamic: int8 (default) or int4 "
@@ -82,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
                        accuracy_level=args.accuracy_level, fuse=args.fuse, quality_gate=args.quality_gate,
                        target_revision=args.target_revision, drafter_revision=args.drafter_revision,
                        reference_tokens=args.reference_tokens, check=args.check, prefill_len=args.prefill_len,
-                       max_draft=args.max_draft, memory_budget=args.memory_budget, dtype=args.dtype)
+                       max_draft=args.max_draft, memory_budget=args.memory_budget, dtype=args.dtype,
+                       calibration=args.calibration)
     from .pipeline import export_model
 
     out = export_model(cfg)  # GraphParityError and QualityGateError are MtpkitErrors: one line, exit 2

@@ -16,7 +16,8 @@ log = logging.getLogger("mtpkit")
 
 # "none" is accepted as fp32 (the earlier name). int8-dynamic: per-channel int8 weights, activations quantized at
 # run time (ONNX Runtime's quantize_dynamic; on LiteRT the same graphs as int8, which is dynamic-range already)
-QUANT_RECIPES = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
+# int4: searched scales with calibration, sensitive tensors at 8 bits; int4-rtn: round-to-nearest (export/int4.py)
+QUANT_RECIPES = ("fp32", "fp16", "int8", "int4", "int4-rtn", "int8-dynamic")
 PLE_BITS = {"int8": 8, "int4": 4}  # the PLE table under int8 / int4 (a 4-bit PLE broke other toolchains)
 PLE_RECIPES = tuple(PLE_BITS)
 BLOCK_SIZES = (32, 64, 128)
@@ -49,6 +50,7 @@ class ExportConfig:
     max_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
     memory_budget: float | None = None  # GiB the export may use at its peak (preflight.py); None: MemAvailable
     dtype: str = "auto"  # the target's weights while exporting: the checkpoint's own dtype, or fp32 | bf16 | fp16
+    calibration: Path | None = None  # int4's calibration prompts (.jsonl); None: the built-in set (calibration.py)
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))
@@ -119,6 +121,14 @@ class ExportConfig:
             raise UsageError(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
         if self.accuracy_level not in range(5):
             raise UsageError(f"--accuracy-level must be 0-4, got {self.accuracy_level}")
+        if self.calibration is not None:
+            object.__setattr__(self, "calibration", Path(self.calibration))
+            if "int4" not in (self.quant, self.drafter_quant):
+                raise UsageError("--calibration is read by --quant int4 only (the other recipes use no activations); "
+                                 "drop it or pass --quant int4")
+            if not self.calibration.is_file():
+                raise UsageError(f"--calibration {self.calibration}: no such file; give a .jsonl of "
+                                 '{"text": ...} or {"ids": [...]} lines')
 
 
 def _fit(flag: str, given: int | None, default: int, limit: int, what: str) -> int:

@@ -24,10 +24,10 @@ from .mapped import CHECKPOINT, page_out
 log = logging.getLogger("mtpkit")
 
 # Minimum teacher-forced top-1 agreement of the target with float PyTorch, per recipe (the gate's default).
-GATES = {"fp16": 0.99, "int8": 0.95, "int4": 0.85, "int8-dynamic": 0.95}
+GATES = {"fp16": 0.99, "int8": 0.95, "int4": 0.85, "int4-rtn": 0.85, "int8-dynamic": 0.95}
 # The next more faithful recipe, named in a gate failure. int8-dynamic -> int8: MatMulNBits' 32-wide blocks are finer
 # than one activation scale per call (trained tiny pair: top-1 1.000 against 0.984, docs/scale-bench.md)
-WIDER = {"int4": "int8", "int8": "fp16", "fp16": "fp32", "int8-dynamic": "int8"}
+WIDER = {"int4": "int8", "int4-rtn": "int4", "int8": "fp16", "fp16": "fp32", "int8-dynamic": "int8"}
 FIDELITY_FILE = "quant_fidelity.json"
 
 

@@ -57,16 +57,27 @@ def _maxrss_bytes(who: int) -> int:
 
 
 class _Sampler(threading.Thread):
-    """The largest VmRSS and RssAnon seen while it runs, sampled every 20 ms."""
+    """The largest VmRSS and RssAnon seen while it runs, sampled every 20 ms. With a cap (bytes), the mapped pages
+    of the checkpoint and the graphs are handed back (export/mapped.py) whenever VmRSS passes it: they are clean
+    file pages, re-read from disk when needed, and the export's resident set stays near the cap."""
 
-    def __init__(self):
+    def __init__(self, cap: int | None = None):
         super().__init__(daemon=True, name="mtpkit-rss-sampler")
-        self.peak_kb, self.anon_kb, self.done = 0, 0, threading.Event()
+        self.peak_kb, self.anon_kb, self.done, self.cap_kb, self.paged = 0, 0, threading.Event(), None, 0
+        if cap:
+            self.cap_kb = cap // 1024
         self.sample()
 
     def sample(self):
         status = _status()
-        self.peak_kb = max(self.peak_kb, status.get("VmRSS", 0))
+        rss = status.get("VmRSS", 0)
+        if self.cap_kb and rss > self.cap_kb:
+            from .mapped import CHECKPOINT, GRAPHS, page_out
+
+            page_out(*CHECKPOINT, *GRAPHS)
+            self.paged += 1
+            status = _status()
+        self.peak_kb = max(self.peak_kb, rss)
         self.anon_kb = max(self.anon_kb, status.get("RssAnon", 0))
 
     def run(self):
@@ -75,12 +86,13 @@ class _Sampler(threading.Thread):
 
 
 @contextlib.contextmanager
-def peak_rss():
+def peak_rss(cap: int | None = None):
     """Yields a dict that holds, once the block ends, `bytes`: the peak resident memory during the block, and
-    `anon` (Linux): the sampled peak of its anonymous part."""
+    `anon` (Linux): the sampled peak of its anonymous part; `paged`: how often mapped pages were handed back to
+    hold VmRSS near `cap` (bytes; None: no cap)."""
     result, children = {"bytes": 0}, _maxrss_bytes(resource.RUSAGE_CHILDREN)
     exact = _status_kb("VmHWM") is not None and _reset_high_water_mark()
-    sampler = _Sampler() if _status_kb("VmRSS") is not None else None
+    sampler = _Sampler(cap) if _status_kb("VmRSS") is not None else None
     if sampler:
         sampler.start()
     try:
@@ -91,6 +103,7 @@ def peak_rss():
             sampler.join()
             sampler.sample()
             result["sampled"], result["anon"] = sampler.peak_kb * 1024, sampler.anon_kb * 1024
+            result["paged"] = sampler.paged
         if exact:
             result["hwm"] = (_status_kb("VmHWM") or 0) * 1024
         own = max(result.get("sampled", 0), result.get("hwm", 0)) or _maxrss_bytes(resource.RUSAGE_SELF)
@@ -103,18 +116,21 @@ class PhaseLog:
     """The export's phases in order: name, wall seconds, peak RSS (MB)."""
 
     phases: list[dict] = field(default_factory=list)
+    resident_cap: int | None = None  # bytes: mapped pages are handed back above it (peak_rss)
 
     @contextlib.contextmanager
     def phase(self, step: str, name: str):
         """Measure one phase; logs `[step] name: 12.3 s, peak RSS 1.4 GB` when it ends (nothing when it fails)."""
         started = time.perf_counter()
-        with peak_rss() as peak:
+        with peak_rss(self.resident_cap) as peak:
             yield
         seconds = time.perf_counter() - started
         trim_heap()
         entry = {"phase": name, "seconds": round(seconds, 2), "peak_rss_mb": round(peak["bytes"] / MB, 1)}
         if "anon" in peak:
             entry["peak_anon_mb"] = round(peak["anon"] / MB, 1)
+        if peak.get("paged"):
+            entry["paged_out"] = peak["paged"]  # times mapped pages were handed back at the resident cap
         self.phases.append(entry)
         anon = f" ({human_bytes(peak['anon'])} anonymous)" if "anon" in peak else ""
         log.info("  %s %s: %.1f s, peak RSS %s%s", step, name, seconds, human_bytes(peak["bytes"]), anon)

@@ -20,11 +20,11 @@ from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 
 from . import backends as backends_pkg
-from . import fidelity
+from . import calibration, fidelity
 from . import reference as reference_lib
 from . import outdir, preflight, verify
 from .backends import ExportJob
-from .mapped import GRAPHS, page_out
+from .mapped import CHECKPOINT, GRAPHS, page_out
 from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve, safetensors_files
 from .config import ExportConfig
 from .models import drafter_adapter, target_adapter
@@ -48,6 +48,9 @@ def export_model(cfg: ExportConfig) -> Path:
     dad.check_compatible(tad.hf_config(target_src), dad.hf_config(drafter_src))  # before loading any weights
     cfg = cfg.fitted(tad.hf_config(target_src).max_position_embeddings, _drafter_k(drafter_src))
     _check_tokenizer(target_src)
+    if cfg.calibration is not None:  # before any weights load, not at the quantize step
+        calibration.check_file(cfg.calibration, target_src.folder / "tokenizer.json",
+                               tad.hf_config(target_src).sliding_window)
     _check_files(target_src, drafter_src)
     estimate = preflight.check(cfg, target_src, drafter_src)  # before any weights load or --out is touched
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +74,7 @@ def export_model(cfg: ExportConfig) -> Path:
 def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate) -> PhaseLog:
     """The five steps into the temporary folder tmp, then the rename to cfg.out; each phase is timed and its peak
     RSS logged (export/phases.py) and recorded in manifest.json's `export` entry (all but the final write)."""
-    (target_src, drafter_src), (tad, dad), phases = sources, adapters, PhaseLog()
+    (target_src, drafter_src), (tad, dad), phases = sources, adapters, PhaseLog(resident_cap=estimate.resident_cap)
     log.info("[1/5] loading target %s and drafter %s", cfg.target, cfg.drafter)
     with phases.phase("[1/5]", "load"):
         job = _job(cfg, tmp, tad.load(target_src, estimate.dtype), dad.load(drafter_src), tad, dad, target_src, drafter_src)
@@ -131,8 +134,12 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     page_out(*GRAPHS)  # the float graphs' pages: rewritten next, not read again
     cfg = job.cfg
     recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
+    plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
+                              [p["prompt_ids"] for p in reference["prompts"]], _encoder(job.folder),
+                              manifest.tokens["bos"], cfg.calibration, cfg.ple_bits)
+    page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
     backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level,
-                                                     ple_bits=cfg.ple_bits)
+                                                     ple_bits=cfg.ple_bits, plans=plans)
                 for kind, backend in manifest.backends.items()}
     manifest = dataclasses.replace(manifest, backends=backends)
     manifest.save(job.folder)
@@ -293,11 +300,15 @@ def _copy_hf_files(src: Path, dst: Path) -> tuple[dict, dict]:
     return hf_files, entry
 
 
-def _write_reference(job: ExportJob, manifest: Manifest) -> dict:
+def _encoder(folder: Path):
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(job.folder / "tokenizer.json"))
-    encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
+def _write_reference(job: ExportJob, manifest: Manifest) -> dict:
+    encode = _encoder(job.folder)
     prompts = reference_lib.reference_prompts(encode, manifest.tokens["bos"], manifest.model["sliding_window"], None)
     ref, arrays = reference_lib.record(job.target, job.drafter, prompts, job.cfg.reference_tokens, manifest.eos_ids)
     (job.folder / "reference.json").write_text(json.dumps(ref) + "\n")

@@ -57,9 +57,13 @@ GROWTH = {
 # What the quantize phase leaves resident (the allocator keeps freed pages) under the acceptance phase's quantized
 # graphs, in W: e2b-wide int4's acceptance measured 1352 MiB, base + model + 0.3 W
 QUANTIZED_RESIDUE = 0.3
+# The export's resident set is held under this share of the budget by handing back mapped checkpoint and graph pages
+# (clean, re-read when needed) as it passes it: what it leaves is the page cache's and the rest of the machine's.
+# E4B's float graph check otherwise holds the 16 GB float decoder beside the checkpoint's last pages (22.3 GiB).
+RESIDENT_SHARE = 0.85
 # Stored bytes per weight; the blockwise recipes add one fp32 scale per block (int8-dynamic: one per output channel)
-BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "int8-dynamic": 1}
-BLOCKWISE = ("int8", "int4")
+BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "int4-rtn": 0.5, "int8-dynamic": 1}
+BLOCKWISE = ("int8", "int4", "int4-rtn")
 ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                  "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -230,11 +234,17 @@ class Estimate:
     def anon_phase(self) -> str:
         return max(self.anon_phases, key=self.anon_phases.get)
 
+    @property
+    def resident_cap(self) -> int | None:
+        """VmRSS above which the export hands mapped pages back (export/phases.py): RESIDENT_SHARE of the budget."""
+        return None if self.budget is None else int(RESIDENT_SHARE * self.budget)
+
     def as_dict(self) -> dict:
         return {"estimated_peak_mb": round(self.peak_bytes / MB, 1), "estimated_peak_phase": self.peak_phase,
                 "estimated_phases_mb": {k: round(v / MB, 1) for k, v in self.phases.items()},
                 "budget_mb": None if self.budget is None else round(self.budget / MB, 1),
                 "budget_source": self.budget_source, "dtype": self.dtype,
+                "resident_cap_mb": None if self.resident_cap is None else round(self.resident_cap / MB, 1),
                 "estimated_anon_peak_mb": round(self.anon_bytes / MB, 1),
                 "estimated_anon_phases_mb": {k: round(v / MB, 1) for k, v in self.anon_phases.items()}}
 

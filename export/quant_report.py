@@ -82,7 +82,7 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
                                           backend=",".join(backends), max_cache_len=max_cache_len))
     # the float pair is always measured: it is the baseline every ratio is taken against
     pairs = [("fp32", "fp32")] + [p for p in itertools.product(recipes, drafter_recipes) if p != ("fp32", "fp32")]
-    folders = {pair: derive_quantized(float_dir, exports, pair, block_size)
+    folders = {pair: derive_quantized(float_dir, exports, pair, block_size, checkpoints=(target, drafter))
                for pair in tqdm(pairs, desc="quantizing", unit="pair")}
     rows = _measure(folders, float_dir, target, max_new_tokens, repeats)
     report = {"target": target, "drafter": drafter, "backends": list(backends), "block_size": block_size, "max_new_tokens": max_new_tokens,
@@ -96,9 +96,11 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
 
 
 def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], block_size: int,
-                     ple_bits: int = 8) -> Path:
+                     ple_bits: int = 8, checkpoints: tuple[str, str] | None = None) -> Path:
     """A copy of the float export with the pair's recipes applied to every backend in it (the float export
-    itself for fp32-fp32); ple_bits=4 gives the per-layer-embedding table 4 bits too (`--ple-quant int4`)."""
+    itself for fp32-fp32); ple_bits=4 gives the per-layer-embedding table 4 bits too (`--ple-quant int4`).
+    checkpoints (target, drafter; default: the folders the float export was read from) give the int4 recipes
+    their model adapters and int4 its calibration of the target on the built-in set, as `mtpkit export` does."""
     from mtpkit.runtime.manifest import load_manifest
 
     from .pipeline import _backend_module
@@ -109,10 +111,31 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
     shutil.copytree(float_dir, folder)
     manifest = load_manifest(folder)
     recipes = {"target": pair[0], "drafter": pair[1]}
-    backends = {kind: _backend_module(kind).quantize(folder, backend, recipes, block_size, ple_bits=ple_bits)
+    plans = _plans(recipes, folder, manifest, checkpoints, ple_bits)
+    backends = {kind: _backend_module(kind).quantize(folder, backend, recipes, block_size, ple_bits=ple_bits,
+                                                     plans=plans)
                 for kind, backend in manifest.backends.items()}
     dataclasses.replace(manifest, backends=backends).save(folder)
     return folder
+
+
+def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] | None, ple_bits: int) -> dict:
+    from . import calibration
+    from .checkpoint import resolve
+    from .int4 import INT4_RECIPES
+    from .models import drafter_adapter, target_adapter
+    from .pipeline import _encoder
+
+    if not set(recipes.values()) & set(INT4_RECIPES):
+        return {}
+    if checkpoints is None:  # the folders the float export read its weights from
+        checkpoints = (manifest.source["target"]["folder"], manifest.source["drafter"]["folder"])
+    sources = {"target": resolve(checkpoints[0], "target"), "drafter": resolve(checkpoints[1], "drafter")}
+    adapters = {"target": target_adapter(sources["target"]), "drafter": drafter_adapter(sources["drafter"])}
+    target = adapters["target"].load(sources["target"]) if recipes["target"] == "int4" else None
+    reference = json.loads((folder / manifest.reference["file"]).read_text())
+    return calibration.plans(recipes, target, adapters, [p["prompt_ids"] for p in reference["prompts"]],
+                             _encoder(folder), manifest.tokens["bos"], ple_bits=ple_bits)
 
 
 def _measure(folders: dict, float_dir: Path, target_ref: str, max_new_tokens: int, repeats: int) -> list[dict]:

@@ -22,12 +22,15 @@ def ops_float(src) -> collections.Counter:
 
 
 def _quantized_copy(src, dst, recipe: str):
+    from mtpkit.export import quant_report
     from mtpkit.export.backends import onnx as onnx_backend
     from mtpkit.runtime.manifest import load_manifest
 
     shutil.copytree(src, dst)
     manifest = load_manifest(dst)
-    backend = onnx_backend.quantize(dst, manifest.backend("onnx"), {"target": recipe, "drafter": recipe})
+    recipes = {"target": recipe, "drafter": recipe}
+    plans = quant_report._plans(recipes, dst, manifest, None, 8)  # int4's calibration, as the exporter's
+    backend = onnx_backend.quantize(dst, manifest.backend("onnx"), recipes, plans=plans)
     dataclasses.replace(manifest, backends={**manifest.backends, "onnx": backend}).save(dst)
     return load_manifest(dst)  # checks every sha256 again
 
@@ -62,7 +65,7 @@ def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe
     if recipe == "fp16":
         assert ops["Cast"] > 0 and embedding["dtype"] == "float16"
     else:  # the tied table too: lm_head MatMulNBits + GatherBlockQuantized, stored once
-        assert ops["MatMulNBits"] > 0 and embedding["dtype"] == recipe
+        assert ops["MatMulNBits"] > 0 and embedding["dtype"] == "int8"  # int4 keeps the tied table at 8 bits
         assert ops["GatherBlockQuantized"] == 2 and list(onnx_backend.options["lookup_tables"].values()) == ["int8"]
         assert ops["Transpose"] < ops_float(src)["Transpose"]  # the lm_head's Transpose(W) is gone
     float_bytes = sum(f.stat().st_size for f in (*src.glob("*.onnx*"), src / "embeddings.bin"))

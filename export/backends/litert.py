@@ -46,7 +46,7 @@ MEMORY = ExportMemory(
     # measured and now estimated; E2B 6.4 measured, 6.9 estimated). docs/scale-bench.md, "LiteRT at full size"
     anonymous={"load": (275, 0.017), "litert graphs": (602, 0.057), "reference": (395, 0.217), "check": (249, 0.538),
                "quantize": (504, 0.293), "acceptance": (437, 0.445)},
-    anonymous_recipes=frozenset({"int8", "int4"}))
+    anonymous_recipes=frozenset({"int8", "int4", "int4-rtn"}))
 
 class LiteRTDraftStep(nn.Module):
     """Gemma 4 assistant step over the target's LiteRT KV caches (K [1,h,C,d], V transposed [1,h,d,C]).
@@ -279,11 +279,11 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
 
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
-             accuracy_level: int = 4, ple_bits: int = 8) -> Backend:
+             accuracy_level: int = 4, ple_bits: int = 8, plans: dict | None = None) -> Backend:
     """Quantized weights re-grafted into the float .tflite files, the bundle rebuilt (litert_quant.py)."""
     from .litert_quant import quantize as quantize_litert
 
-    return quantize_litert(folder, backend, recipes, block_size, accuracy_level, ple_bits)
+    return quantize_litert(folder, backend, recipes, block_size, accuracy_level, ple_bits, plans)
 
 
 def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, *, prefill_len: int,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import int4
 from ..progress import progress
 
 WEIGHT = "w:"  # name prefix of every grafted weight tensor: "w:" + the module's parameter name
@@ -104,6 +105,9 @@ class WeightInputs:
 class Encoding:
     kind: str  # float32 | float16 | int8 | int4
     block: int = 0  # int4 only
+    # int4 only: scales searched per block (export/int4.py), weighted by this per-input-channel importance
+    searched: bool = False
+    importance: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def data_bytes(self, shape) -> int:
         n = int(np.prod(shape))
@@ -122,11 +126,15 @@ class Encoding:
             scale = np.maximum(np.abs(rows).max(axis=1), 1e-9).astype(np.float32) / np.float32(127)
             q = np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8)
             return q.tobytes(), scale
-        blocks = rows.reshape(rows.shape[0], -1, self.block)
-        scale = (np.abs(blocks).max(axis=2) / np.float32(7)).astype(np.float16)
-        # an all-zero block keeps a positive scale: XNNPACK refuses a zero int4 scale (the values stay 0)
-        scale[scale == 0] = np.finfo(np.float16).tiny
-        q = np.clip(np.rint(blocks / scale.astype(np.float32)[..., None]), -8, 7).astype(np.int8).reshape(-1)
+        if self.searched:
+            codes, scale = int4.encode(rows, self.block, self.importance)
+            q = codes.reshape(-1)
+        else:  # int4-rtn: the block's absmax / 7
+            blocks = rows.reshape(rows.shape[0], -1, self.block)
+            scale = (np.abs(blocks).max(axis=2) / np.float32(7)).astype(np.float16)
+            # an all-zero block keeps a positive scale: XNNPACK refuses a zero int4 scale (the values stay 0)
+            scale[scale == 0] = np.finfo(np.float16).tiny
+            q = np.clip(np.rint(blocks / scale.astype(np.float32)[..., None]), -8, 7).astype(np.int8).reshape(-1)
         if q.size % 2:
             q = np.append(q, np.int8(0))
         packed = (q[0::2] & 0x0F) | ((q[1::2] & 0x0F) << 4)  # two values per byte, the first in the low nibble

@@ -12,6 +12,9 @@ import numpy as np
 
 from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
 
+from .. import int4
+from ..int4 import INT4_RECIPES
+
 # ---- quantization: each float .tflite re-grafted, then the bundle's sections swapped for the results ----
 
 # graph key in the manifest -> model_type of its .litertlm section (litert_lm_builder.TfLiteModelType)
@@ -20,7 +23,7 @@ BUNDLE_SECTIONS = {"target": "tf_lite_prefill_decode", "embedder": "tf_lite_embe
 
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
-             accuracy_level: int = 4, ple_bits: int = 8) -> Backend:
+             accuracy_level: int = 4, ple_bits: int = 8, plans: dict | None = None) -> Backend:
     """Rewrite the float .tflite files in folder in place with quantized weights, a recipe per side
     ({"target": "int4", "drafter": "int8"}; "target" covers target, embedder and per_layer_embedder), and rebuild
     model.litertlm with the same bytes in its sections. Derived from a float export, so one export serves every
@@ -30,10 +33,11 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     no pass holds the whole flatbuffer (ai-edge-quantizer's held 3x the float model):
     fp16: the FULLY_CONNECTED / EMBEDDING_LOOKUP weights in float16, each read through a DEQUANTIZE;
     int8: int8 channelwise weights, float activations quantized by the kernel at run time;
-    int4: int4 blockwise weights with float16 scales for FULLY_CONNECTED and EMBEDDING_LOOKUP, the ops holding
-        the weights here (as LiteRT-LM's gemma4_mixed48_b32 does), the block picked per tensor where a width is
-        not a multiple of it (encoding_for); as in gemma4_mixed48 the
-        per-layer-embedding path keeps 8 bits (the per_layer_embedder table and the target's per_layer
+    int4 / int4-rtn: int4 blockwise weights with float16 scales for FULLY_CONNECTED and EMBEDDING_LOOKUP, the ops
+        holding the weights here (as LiteRT-LM's gemma4_mixed48_b32 does), the block picked per tensor where a
+        width is not a multiple of it (encoding_for); under int4 the scales are searched and the side's plan
+        (`plans`: "target" / "drafter" -> export/int4.Int4Plan) keeps its sensitive tensors at int8; as in
+        gemma4_mixed48 the per-layer-embedding path keeps 8 bits (the per_layer_embedder table and the target's per_layer
         projections): a 4-bit PLE table is where Gemma 4 broke elsewhere. per_layer_embedder is recorded as int8.
         ple_bits=4 (`--ple-quant int4`, only when asked) gives the PLE path 4 bits too.
     int8-dynamic: int8 (see ALIASES), so stored as int8 in the graphs, the bundle and its section recipes.
@@ -44,6 +48,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     for recipe in recipes.values():
         if recipe not in ("fp32", *RECIPES):
             raise ValueError(f"unknown LiteRT quantization recipe {recipe!r}; choose from fp32, {', '.join(RECIPES)}")
+    int4.require_plans(recipes, plans)
     graphs, options = dict(backend.graphs), dict(backend.options)
     detail = dict(options.get("quantization") or {})
     changed = False
@@ -52,7 +57,8 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         if name not in graphs or recipe == "fp32" or graphs[name].recipe != "fp32":
             continue  # float requested, or already quantized
         path = folder / graphs[name].file
-        stored, how = _quantize_tflite(path, name, recipe, block_size, ple_bits)
+        plan = (plans or {}).get("drafter" if name == "drafter" else "target")
+        stored, how = _quantize_tflite(path, name, recipe, block_size, ple_bits, plan)
         graphs[name] = dataclasses.replace(_graph_file(folder, graphs[name].file), recipe=stored)
         detail[name] = {"recipe": stored, **how}
         changed = True
@@ -74,38 +80,46 @@ def _graph_file(folder: Path, name: str) -> GraphFile:
     return GraphFile(file=name, sha256=sha256_file(path), bytes=path.stat().st_size, backend="litert")
 
 
-RECIPES = ("fp16", "int8", "int4")
+RECIPES = ("fp16", "int8", "int4", "int4-rtn")
 # LiteRT's int8 (dynamic_wi8_afp32) already quantizes activations at run time, so ONNX's int8-dynamic is that recipe
 # here: the same bytes, recorded under the name of what they are
 ALIASES = {"int8-dynamic": "int8"}
 
 
-def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int, ple_bits: int = 8) -> tuple[str, dict]:
+def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int, ple_bits: int = 8,
+                     plan=None) -> tuple[str, dict]:
     """Re-graft one float .tflite in place with its weights encoded by `recipe`, read from its own memory map a
     block of rows at a time (litert_graft.py); returns (the recipe it now carries, encodings by count)."""
     from ai_edge_litert import schema_py_generated as schema
 
     from .litert_graft import GraftedSource, graft, read_map
 
-    if recipe == "int4" and name == "per_layer_embedder" and ple_bits == 8:
+    if recipe in INT4_RECIPES and name == "per_layer_embedder" and ple_bits == 8:
         recipe = "int8"  # the PLE table keeps 8 bits (see quantize's docstring)
     model = schema.ModelT.InitFromPackedBuf(read_map(path), 0)  # the flatbuffer only: weights follow it
-    done = graft(path, path, GraftedSource(path, model), encoding_for(recipe, name, block_size, ple_bits))
+    done = graft(path, path, GraftedSource(path, model), encoding_for(recipe, name, block_size, ple_bits, plan))
     counts: dict[str, int] = {}
     for encoding in done.values():
         counts[encoding] = counts.get(encoding, 0) + 1
-    return recipe, {"weights": dict(sorted(counts.items())), "block_size": block_size}
+    if recipe in INT4_RECIPES and not any(e.startswith("int4") for e in counts):
+        recipe = "int8"  # every weight kept 8 bits (the embedder's table under int4): recorded as what it is
+    how = {"weights": dict(sorted(counts.items())), "block_size": block_size}
+    if plan is not None and recipe in INT4_RECIPES:
+        how.update(tensors={k.removeprefix("w:"): v for k, v in sorted(done.items())},
+                   calibration=dict(plan.calibration) or None)
+    return recipe, how
 
 
 WEIGHT_OPS = {("FULLY_CONNECTED", 1), ("EMBEDDING_LOOKUP", 1)}  # (op, input) pairs that read a weight
 
 
-def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int):
+def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int, plan=None):
     """The encoding of each weight under `recipe`: only FULLY_CONNECTED weights and EMBEDDING_LOOKUP tables are
     quantized (dynamic range: int8 channelwise, int4 blockwise with float16 scales, or float16 through a
     DEQUANTIZE); norms, scalars and the rest stay float32. int4 keeps the per-layer-embedding path at 8 bits
     (the target's per_layer projections; as LiteRT-LM's gemma4_mixed48) unless ple_bits is 4, and a weight whose
-    width no block of 128/64/32 (up to block_size) divides gets int8 channelwise."""
+    width no block of 128/64/32 (up to block_size) divides gets int8 channelwise. `plan` (int4 / int4-rtn):
+    the weights it keeps at 8 bits, and each weight's calibration importance for the scale search."""
     from .litert_graft import Encoding, int4_block
 
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
@@ -116,7 +130,10 @@ def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int):
         if recipe == "int8" or (graph == "target" and "per_layer" in name and ple_bits == 8):
             return Encoding("int8")
         block = int4_block(shape[1], block_size)
-        return Encoding("int4", block) if block else Encoding("int8")
+        if not block or (plan is not None and plan.bits(name) == 8):
+            return Encoding("int8")
+        searched = plan is not None and plan.searched
+        return Encoding("int4", block, searched=searched, importance=plan.importance_of(name) if searched else None)
 
     return choose
 

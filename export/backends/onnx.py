@@ -26,6 +26,7 @@ import torch
 
 from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Manifest, Signature, TensorSpec, sha256_file
 
+from .. import int4
 from ..phases import MB
 from ..scoped import logger_level, root_logging_kept
 from . import ExportJob, ExportMemory, onnx_fusions, onnx_stream
@@ -36,12 +37,13 @@ EMBEDDINGS_FILE = "embeddings.bin"
 OPSET = 20
 _TWO_GB = 2**31 - 2**26  # protobuf's hard limit, with headroom for the graph itself
 _REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"
-INT_RECIPES = ("int8", "int4", "int8-dynamic")  # the PLE table follows --ple-quant under these
+INT_RECIPES = ("int8", "int4", "int4-rtn", "int8-dynamic")  # the PLE table follows --ple-quant under these
 # Bits of the tied embedding / lm_head table (quantize_shared_table) per recipe; a recipe not listed keeps it float.
-TABLE_BITS = {"int8": 8, "int4": 4, "int8-dynamic": 8}
+# int4's plan may keep it at 8 (export/int4.py).
+TABLE_BITS = {"int8": 8, "int4": 4, "int4-rtn": 4, "int8-dynamic": 8}
 PAST = "past_window.{layer}.{kind}"
 NEW = "new.{layer}.{kind}"
-STREAMED = frozenset({"fp32", "int8", "int4"})  # quantized tensor by tensor; fp16 and int8-dynamic load the whole graph
+STREAMED = frozenset({"fp32", "int8", "int4", "int4-rtn"})  # quantized tensor by tensor; fp16 and int8-dynamic load the whole graph
 
 
 def _quantize_growth(recipes: set) -> float:
@@ -105,27 +107,33 @@ def _log_nodes(job: ExportJob, graphs: dict[str, GraphFile]) -> dict[str, int]:
 
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
-             accuracy_level: int = 4, ple_bits: int = 8) -> Backend:
+             accuracy_level: int = 4, ple_bits: int = 8, plans: dict | None = None) -> Backend:
     """Rewrite float graphs in folder in place with a recipe per graph ({"target": "int4", "drafter": "int8"}):
     weight-only int8 / int4 MatMulNBits, int8-dynamic (ORT's quantize_dynamic), or fp16 with the norms kept in
     fp32. The tied embedding / lm_head table is quantized once at TABLE_BITS (MatMulNBits + GatherBlockQuantized
     over the same bytes, see onnx_embedding.py) and stays stored once in embeddings.bin, where the host's drafter
-    lookup reads it too. Derived from a float export, so one export serves every recipe."""
+    lookup reads it too. Derived from a float export, so one export serves every recipe. `plans` ("target" /
+    "drafter" -> export/int4.Int4Plan, int4 recipes): the weights kept at 8 bits and the scale search's importance;
+    the choice per weight is recorded in options["quantization"]."""
     import onnx
 
+    int4.require_plans(recipes, plans)
     graphs, options = dict(backend.graphs), dict(backend.options)
     for name, recipe in recipes.items():
         if recipe == "fp32" or graphs[name].recipe != "fp32":
             continue
         path = folder / graphs[name].file
         shared_name = _external_initializer(path, EMBEDDINGS_FILE)
-        model = _weights_quantized(path, recipe, block_size, accuracy_level, skip=shared_name)
+        plan = (plans or {}).get(name)
+        model, tensors = _weights_quantized(path, recipe, block_size, accuracy_level, skip=shared_name, plan=plan)
         streamed = recipe in onnx_stream.STREAMED  # its weights stay in <graph>.onnx.data: tables go there too
         tables = dict(base_dir=str(folder), data_file=path.name + ".data" if streamed else None)
         layout = None
         if shared_name and recipe in TABLE_BITS:  # the tied table quantized once: lm_head, lookup and host
-            model, layout = quantize_shared_table(model, shared_name, bits=TABLE_BITS[recipe], block_size=block_size,
+            bits = plan.bits(shared_name) if plan else TABLE_BITS[recipe]
+            model, layout = quantize_shared_table(model, shared_name, bits=bits, block_size=block_size,
                                                   accuracy_level=accuracy_level, **tables)
+            tensors[shared_name] = f"int{bits}/b{block_size}"
         if shared_name and recipe in INT_RECIPES:
             for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
                 model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
@@ -143,6 +151,9 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         if streamed:
             onnx_stream.compact(path)  # drop the float tables' bytes the quantized ones replaced
         graphs[name] = dataclasses.replace(_graph_file(folder, path), recipe=recipe)
+        if plan is not None:
+            options["quantization"] = {**options.get("quantization", {}), name: {
+                "recipe": recipe, "tensors": dict(sorted(tensors.items())), "calibration": dict(plan.calibration) or None}}
     options["nodes"] = {name: _node_count(folder / g.file) for name, g in graphs.items()}
     return dataclasses.replace(backend, graphs=graphs, options=options)
 
@@ -154,21 +165,25 @@ _FP32_OPS = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Softmax", "Tanh", "Div"
              "SkipSimplifiedLayerNormalization", "MultiHeadAttention", "RotaryEmbedding")
 
 
-def _weights_quantized(path: Path, recipe: str, block_size: int, accuracy_level: int, skip: str | None):
+def _weights_quantized(path: Path, recipe: str, block_size: int, accuracy_level: int, skip: str | None,
+                       plan=None) -> tuple:
     """The graph at path with its weight MatMuls quantized, loaded without external data where that data stays on
     disk: int8 / int4 are packed tensor by tensor from the memory-mapped float data (onnx_stream.py, the same bytes
     as ORT's MatMulNBitsQuantizer), so the float graph is never loaded whole; fp16 and int8-dynamic go through
-    ONNX Runtime's whole-graph tools. `skip`: the shared table, quantized once after this."""
+    ONNX Runtime's whole-graph tools. `skip`: the shared table, quantized once after this. int4 / int4-rtn:
+    export/int4.py's plan picks each weight's bits and int4 searches the scales. Returns (the model, weight name
+    -> its encoding, for the streamed recipes)."""
     import onnx
 
     if recipe in onnx_stream.STREAMED:
-        onnx_stream.quantize_matmuls(path, int(recipe[3:]), block_size, accuracy_level, skip={skip} - {None})
-        return onnx.load(str(path), load_external_data=False)
+        tensors = onnx_stream.quantize_matmuls(path, 8 if recipe == "int8" else 4, block_size, accuracy_level,
+                                               skip={skip} - {None}, plan=plan)
+        return onnx.load(str(path), load_external_data=False), tensors
     if recipe == "int8-dynamic":
         log.warning("int8-dynamic quantizes activations with one scale per call: speculative output can differ "
                     "from --no-mtp output where two logits nearly tie (docs/scale-bench.md)")
-        return _dynamic_int8(path)
-    return _quantized(onnx.load(str(path)), recipe, block_size, accuracy_level)
+        return _dynamic_int8(path), {}
+    return _quantized(onnx.load(str(path)), recipe, block_size, accuracy_level), {}
 
 
 def _dynamic_int8(path: Path):

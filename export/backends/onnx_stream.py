@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import int4
 from ..progress import progress
 
 # onnx_ir's writer materializes at most this many bytes of lazy tensors at once
@@ -170,25 +171,30 @@ def _numpy_dtype(dtype) -> str:
 
 
 
-def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int, skip: set[str] = frozenset()) -> int:
+def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int, skip: set[str] = frozenset(),
+                     plan=None) -> dict[str, str]:
     """Rewrite the saved float graph at `path` in place: every MatMul whose B is a 2-D fp32 initializer (not in
     `skip`) becomes the MatMulNBits that ONNX Runtime's MatMulNBitsQuantizer writes (its C++ packing, names and
     attributes), each weight read from the memory-mapped external data and packed only as it is written, so the
-    float graph is never loaded whole. Returns how many MatMuls were replaced."""
+    float graph is never loaded whole. `plan` (export/int4.Int4Plan) picks a weight's bits instead of `bits` and,
+    under int4, packs export/int4.py's searched codes and scales. Returns weight name -> "int<bits>/b<block>"."""
     import onnx_ir as ir
 
     model = ir.load(path)
-    graph, replaced, packs = model.graph, 0, []
+    graph, replaced, packs, chosen = model.graph, 0, [], {}
     for node in list(graph):
         b = node.inputs[1] if node.op_type == "MatMul" and node.domain == "" else None
         tensor = b.const_value if b is not None and b.is_initializer() else None
         if tensor is None or b.name in skip or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
             continue
         k, n = tensor.shape
-        quant = _Packed(tensor, bits, block_size)
+        wbits = plan.bits(b.name) if plan is not None else bits
+        search = plan is not None and plan.searched and wbits == 4
+        quant = _Packed(tensor, wbits, block_size, search, plan.importance_of(b.name) if search else None)
+        chosen[b.name] = f"int{wbits}/b{block_size}"
         packs.append(quant)
-        blocks, blob = -(-k // block_size), block_size * bits // 8
-        packed = ir.Value(name=f"{b.name}_Q{bits}", shape=ir.Shape([n, blocks, blob]),
+        blocks, blob = -(-k // block_size), block_size * wbits // 8
+        packed = ir.Value(name=f"{b.name}_Q{wbits}", shape=ir.Shape([n, blocks, blob]),
                           type=ir.TensorType(ir.DataType.UINT8), const_value=ir.LazyTensor(
                               lambda q=quant: ir.tensor(q.get(0)), dtype=ir.DataType.UINT8,
                               shape=ir.Shape([n, blocks, blob])))
@@ -196,11 +202,11 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
                           type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.LazyTensor(
                               lambda q=quant: ir.tensor(q.get(1)), dtype=ir.DataType.FLOAT,
                               shape=ir.Shape([n, blocks])))
-        attributes = {"K": k, "N": n, "bits": bits, "block_size": block_size}
+        attributes = {"K": k, "N": n, "bits": wbits, "block_size": block_size}
         if accuracy_level:  # as the quantizer: the attribute is optional and left out at 0
             attributes["accuracy_level"] = accuracy_level
         new = ir.node("MatMulNBits", [node.inputs[0], packed, scales], attributes=attributes, domain=MS_DOMAIN,
-                      name=f"{node.name}_Q{bits}" if node.name else "", outputs=[ir.Value(name=node.outputs[0].name)])
+                      name=f"{node.name}_Q{wbits}" if node.name else "", outputs=[ir.Value(name=node.outputs[0].name)])
         for value in (packed, scales):
             graph.register_initializer(value)
         graph.insert_before(node, new)
@@ -216,11 +222,11 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
             for quant in packs:  # each weight is packed while the file is written
                 quant.done = advance
             _save_replacing(model, path)
-    return replaced
+    return chosen
 
 
 MS_DOMAIN = "com.microsoft"
-STREAMED = ("int4", "int8")  # the recipes quantize_matmuls packs
+STREAMED = ("int4", "int4-rtn", "int8")  # the recipes quantize_matmuls packs
 
 
 def compact(path: Path) -> None:
@@ -237,13 +243,16 @@ class _Packed:
     """One weight's (packed, scales), computed on the first read and dropped once both were read: the writer asks
     for them one after the other, so at most one weight's quantized copy is alive."""
 
-    def __init__(self, tensor, bits: int, block_size: int):
+    def __init__(self, tensor, bits: int, block_size: int, search: bool = False, importance=None):
         self.tensor, self.bits, self.block_size, self.result, self.reads = tensor, bits, block_size, None, 0
+        self.search, self.importance = search, importance
         self.done = lambda n: None  # progress: called once per weight written
 
     def get(self, index: int) -> np.ndarray:
         if self.result is None:
-            self.result = _quantize(self.tensor.numpy(), self.bits, self.block_size)
+            w = self.tensor.numpy()
+            self.result = _searched(w, self.block_size, self.importance) if self.search else \
+                _quantize(w, self.bits, self.block_size)
         value = self.result[index]
         self.reads += 1
         if self.reads % 2 == 0:
@@ -267,6 +276,19 @@ def _quantize(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np
     kernel = quantize_matmul_8bits if bits == 8 else quantize_matmul_4bits
     kernel(packed, w, scales, zero_points, block_size, n, k, True)
     return packed, scales
+
+
+def _searched(w: np.ndarray, block_size: int, importance: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' 4-bit (packed, scales) of w [K, N] from export/int4.py's codes: code + 8 (the op's default
+    zero point), two per byte along K, the low nibble first; K zero-padded to whole blocks."""
+    k, n = w.shape
+    blocks = -(-k // block_size)
+    pad = blocks * block_size - k
+    rows = np.pad(np.asarray(w, np.float32).T, ((0, 0), (0, pad)))  # [N, K]: a row per output, as the op stores
+    weight = None if importance is None else np.pad(np.asarray(importance, np.float32), (0, pad))
+    codes, scales = int4.encode(rows, block_size, weight)
+    u = (codes.astype(np.int16) + 8).astype(np.uint8).reshape(n, blocks, block_size)
+    return np.ascontiguousarray(u[..., 0::2] | (u[..., 1::2] << 4)), scales.astype(np.float32)
 
 
 def _save_replacing(model, path: Path) -> None:

@@ -13,6 +13,10 @@ from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
 from .gemma4_text import fused_ops  # noqa: F401  (the drafter's layers are transformers' Gemma 4 text layers)
 
 MODEL_TYPES = ("gemma4_assistant",)
+# `--quant int4` keeps no drafter weight at 8 bits: acceptance holds with every drafter weight at 4 bits
+# (docs/quant-report-tiny-pair)
+INT4_KEEP_8BIT: tuple[str, ...] = ()
+INT4_PLE_PATH: tuple[str, ...] = ()  # no per-layer embeddings
 
 
 def hf_config(source: Source):

@@ -20,6 +20,11 @@ from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
 from ..scoped import patched
 
 MODEL_TYPES = ("gemma4", "gemma4_text")
+# Weights `--quant int4` keeps at 8 bits (substrings of graph weight names; export/int4.py): the tied embedding /
+# lm_head table and the attention projections cost the most top-1 per byte at 4 bits (tools/int4_sensitivity.py)
+INT4_KEEP_8BIT = ("embed_tokens.weight", "lm_head", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                  "self_attn.o_proj", "grouped_q_weight", "grouped_o_weight")
+INT4_PLE_PATH = ("per_layer",)  # the per-layer-embedding path's weights: 8 bits unless --ple-quant int4
 NEG = torch.finfo(torch.float32).min
 
 

@@ -1,0 +1,138 @@
+"""int4 weights chosen to keep the model: one encoder and one plan shared by the ONNX and LiteRT backends, so the
+same recipe name writes the same codes and scales on both.
+
+Recipes (`--quant`):
+- `int4`: blockwise 4-bit codes (-8..7) with one positive float16 scale per block of `block` input channels, the
+  scale picked per block from SCALE_GRID to minimise the block's squared error weighted by each input channel's
+  mean square activation on calibration text (`export/calibration.py`): a diagonal estimate of the layer's output
+  error, the idea of AWQ / HQQ without their iterations. Mixed precision: the tensors the model adapter names in
+  `INT4_KEEP_8BIT` (measured by `tools/int4_sensitivity.py`: for Gemma 4 the tied embedding / lm_head table and
+  attention k, v and o) keep 8 bits; the per-layer-embedding path keeps 8 bits as before (`--ple-quant`).
+- `int4-rtn`: round-to-nearest with the block's absolute maximum as the scale, every tensor at 4 bits except the
+  per-layer-embedding path: the recipe `int4` meant before, kept for comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+INT4_RECIPES = ("int4", "int4-rtn")
+# candidates for (block absmax / scale): 7 is round-to-nearest of the absmax; above 7 the largest values clip to
+# +7 / -8 for a finer step on the rest (the negative extreme is exact at 8)
+SCALE_GRID = np.linspace(6.5, 8.5, 17, dtype=np.float32)
+_ELEMENTS = 1 << 22  # weights searched at a time (16 MiB of float32): the search's temporaries stay ~100 MiB
+
+
+def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 [n, k] in -8..7, scales float16 [n, k // block], all positive) of rows [n, k], blockwise along
+    k, each block's scale the SCALE_GRID candidate with the least squared error, weighted by `importance` [k]
+    (mean square input activation per channel; None: unweighted). Rows are independent, so any slicing of the
+    rows gives the same result."""
+    n, k = rows.shape
+    if k % block:
+        raise ValueError(f"width {k} is not a multiple of the int4 block {block}")
+    codes, scales = np.empty((n, k), np.int8), np.empty((n, k // block), np.float16)
+    weight = None if importance is None else _normalised(importance).reshape(1, k // block, block)
+    step = max(1, _ELEMENTS // k)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        codes[start:stop], scales[start:stop] = _search(rows[start:stop].reshape(stop - start, k // block, block),
+                                                        weight)
+    return codes, scales
+
+
+def _search(blocks: np.ndarray, weight: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    blocks = blocks.astype(np.float32, copy=False)
+    amax = np.abs(blocks).max(axis=2)
+    best_scale, best_err = None, None
+    for d in SCALE_GRID:
+        scale = _stored(amax / d)
+        err = np.square(_codes(blocks, scale) * scale[..., None] - blocks)
+        err = (err if weight is None else err * weight).sum(axis=2)
+        if best_scale is None:
+            best_scale, best_err = scale, err
+        else:
+            better = err < best_err
+            best_scale, best_err = np.where(better, scale, best_scale), np.where(better, err, best_err)
+    n = blocks.shape[0]
+    return _codes(blocks, best_scale).reshape(n, -1), best_scale.astype(np.float16)
+
+
+def _stored(scale: np.ndarray) -> np.ndarray:
+    """The scale as float16 stores it, never zero (XNNPACK refuses a zero int4 scale; an all-zero block stays 0)."""
+    s = scale.astype(np.float16)
+    s[s == 0] = np.finfo(np.float16).tiny
+    return s.astype(np.float32)
+
+
+def _codes(blocks: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(blocks / scale[..., None]), -8, 7).astype(np.int8)
+
+
+def _normalised(importance: np.ndarray) -> np.ndarray:
+    """Mean 1, and a floor so a channel calibration never excited still counts a little."""
+    x = np.asarray(importance, np.float64)
+    x = x / x.mean() if x.mean() > 0 else np.ones_like(x)
+    return (x + 1e-2).astype(np.float32)
+
+
+def decode(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float32 [n, k] of encode's output."""
+    n, k = codes.shape
+    block = k // scales.shape[1]
+    return (codes.reshape(n, -1, block).astype(np.float32) * scales.astype(np.float32)[..., None]).reshape(n, k)
+
+
+_LAYER = re.compile(r"(layers\.\d+\..+?)(?:\.weight)?(?:\.T)?$")
+
+
+def weight_key(name: str) -> str | None:
+    """The checkpoint-independent key of a graph weight inside a decoder layer ("layers.3.mlp.up_proj"), the same
+    for ONNX initializers ("model.model.layers.3.mlp.up_proj.weight.T"), LiteRT tensors
+    ("w:model.model.language_model.layers.3.mlp.up_proj.weight") and PyTorch module names; None outside layers."""
+    found = _LAYER.search(name)
+    return found.group(1) if found else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Int4Plan:
+    """What each weight of one side (target or drafter) becomes under an int4 recipe. keep_8bit: substrings of
+    weight names kept at 8 bits (the model adapter's INT4_KEEP_8BIT; empty for int4-rtn). importance: weight_key
+    -> mean square input activation per channel from calibration (empty: unweighted scales)."""
+
+    recipe: str
+    keep_8bit: tuple[str, ...] = ()
+    importance: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    calibration: Mapping = dataclasses.field(default_factory=dict, compare=False)  # what importance came from
+
+    @property
+    def searched(self) -> bool:
+        """Scales searched per block (int4), or the absmax rule (int4-rtn)."""
+        return self.recipe == "int4"
+
+    def bits(self, name: str) -> int:
+        return 8 if any(k in name for k in self.keep_8bit) else 4
+
+    def importance_of(self, name: str) -> np.ndarray | None:
+        key = weight_key(name)
+        return self.importance.get(key) if key else None
+
+
+def require_plans(recipes: dict[str, str], plans: dict | None) -> None:
+    """int4's scales and 8-bit choices come from a plan (export/calibration.plans); a backend refuses to guess."""
+    missing = [side for side, recipe in recipes.items() if recipe == "int4" and side not in (plans or {})]
+    if missing:
+        raise ValueError(f"--quant int4 needs a plan for {', '.join(missing)} (export/calibration.plans)")
+
+
+def plan(recipe: str, keep_8bit: tuple[str, ...], importance: Mapping[str, np.ndarray] | None = None,
+         calibration: Mapping | None = None) -> Int4Plan:
+    if recipe not in INT4_RECIPES:
+        raise ValueError(f"{recipe!r} is not an int4 recipe ({', '.join(INT4_RECIPES)})")
+    if recipe == "int4-rtn":
+        return Int4Plan(recipe)
+    return Int4Plan(recipe, tuple(keep_8bit), dict(importance or {}), dict(calibration or {}))

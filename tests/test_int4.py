@@ -1,0 +1,161 @@
+"""The int4 recipes' shared pieces (export/int4.py, export/calibration.py): the scale search, the plan, the
+calibration set kept apart from every text fidelity is measured on. No export here: the recipes run end to end in
+test_quantize.py / test_litert_quant.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mtpkit.errors import UsageError
+from mtpkit.export import calibration, int4
+
+
+def _rtn(rows: np.ndarray, block: int) -> np.ndarray:
+    """int4-rtn's values: the block's absmax / 7 as a float16 scale."""
+    blocks = rows.reshape(len(rows), -1, block)
+    scale = (np.abs(blocks).max(axis=2) / np.float32(7)).astype(np.float16).astype(np.float32)
+    return (np.clip(np.rint(blocks / scale[..., None]), -8, 7) * scale[..., None]).reshape(rows.shape)
+
+
+def test_searched_scales_never_lose_to_round_to_nearest_and_fit_the_format():
+    rng = np.random.default_rng(0)
+    rows = rng.standard_t(4, size=(64, 256)).astype(np.float32)  # heavy tails: clipping the extreme can pay
+    importance = rng.gamma(0.5, size=256).astype(np.float32)
+    for weight in (None, importance):
+        codes, scales = int4.encode(rows, 32, weight)
+        assert codes.dtype == np.int8 and codes.min() >= -8 and codes.max() <= 7
+        assert scales.dtype == np.float16 and (scales > 0).all() and scales.shape == (64, 8)
+        w = np.ones(256, np.float32) if weight is None else int4._normalised(weight)
+        err = lambda values: float((np.square(values - rows) * w).sum())  # noqa: E731
+        searched, rtn = err(int4.decode(codes, scales)), err(_rtn(rows, 32))
+        assert searched <= rtn
+    assert searched < 0.95 * rtn  # and on heavy-tailed rows, clearly better
+
+
+def test_rows_are_independent_and_zero_blocks_stay_zero():
+    rng = np.random.default_rng(1)
+    rows = rng.normal(size=(10, 64)).astype(np.float32)
+    rows[3, :32] = 0
+    codes, scales = int4.encode(rows, 32)
+    part_codes, part_scales = int4.encode(rows[2:7], 32)
+    assert (part_codes == codes[2:7]).all() and (part_scales == scales[2:7]).all()
+    assert not codes[3, :32].any() and scales[3, 0] > 0  # XNNPACK refuses a zero scale
+    with pytest.raises(ValueError, match="not a multiple"):
+        int4.encode(rows[:, :48], 32)
+
+
+def test_onnx_packing_of_searched_codes_reads_back_through_matmulnbits_layout():
+    from mtpkit.export.backends.onnx_embedding import dequantize_blockwise
+    from mtpkit.export.backends.onnx_stream import _searched
+
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(80, 24)).astype(np.float32)  # [K, N], K not a whole number of blocks: padded
+    packed, scales = _searched(w, 32, None)
+    assert packed.shape == (24, 3, 16) and scales.shape == (24, 3) and scales.dtype == np.float32
+    back = dequantize_blockwise(packed, scales, 4, 32, 80)  # [N, K], zero point 8
+    codes, fp16 = int4.encode(np.pad(w.T, ((0, 0), (0, 16))), 32)
+    assert np.array_equal(back, int4.decode(codes, fp16)[:, :80])
+
+
+@pytest.mark.parametrize("name", ["model.model.layers.3.mlp.up_proj.weight.T",
+                                  "w:model.model.language_model.layers.3.mlp.up_proj.weight",
+                                  "model.language_model.layers.3.mlp.up_proj"])
+def test_one_key_for_a_weight_in_onnx_litert_and_pytorch(name):
+    assert int4.weight_key(name) == "layers.3.mlp.up_proj"
+
+
+def test_the_plan_keeps_the_adapters_tensors_at_8_bits_and_rtn_keeps_none():
+    from mtpkit.export.models import gemma4_text
+
+    plan = int4.plan("int4", gemma4_text.INT4_KEEP_8BIT, {"layers.0.mlp.up_proj": np.ones(4)})
+    assert plan.searched and plan.bits("model.lm_head.weight") == 8
+    assert plan.bits("w:model.model.language_model.embed_tokens.weight") == 8
+    assert plan.bits("model.model.layers.0.self_attn.v_proj.weight.T") == 8
+    assert plan.bits("model.model.layers.0.mlp.up_proj.weight.T") == 4
+    assert plan.bits("model.model.embed_tokens_per_layer.weight") == 4  # the PLE path follows --ple-quant
+    assert plan.importance_of("model.model.layers.0.mlp.up_proj.weight.T") is not None
+    rtn = int4.plan("int4-rtn", gemma4_text.INT4_KEEP_8BIT, {"layers.0.mlp.up_proj": np.ones(4)})
+    assert not rtn.searched and rtn.bits("model.lm_head.weight") == 4 and not rtn.importance
+    with pytest.raises(ValueError, match="needs a plan"):
+        int4.require_plans({"target": "int4", "drafter": "int8"}, {})
+
+
+def _eval_texts() -> list[str]:
+    from mtpkit.export.reference import LONG_TEXT, PROMPTS
+    from mtpkit.tiny.demo import heldout_prompts
+
+    return [t for _, t in PROMPTS] + [LONG_TEXT] + [t for _, t in heldout_prompts()]
+
+
+def test_the_built_in_calibration_shares_no_prompt_with_what_fidelity_is_measured_on():
+    """Reference prompts (the export's gate), LONG_TEXT (the long reference prompt), the trained pair's held-out
+    prompts (demo, quant report): none is a calibration prompt, inside one, or holds one; no 40-character run of
+    calibration text appears in them either."""
+    evals = _eval_texts()
+    assert len(evals) > 10
+    for cal in calibration.BUILT_IN:
+        for text in evals:
+            assert cal != text and cal not in text and text.strip() not in cal
+            runs = {cal[i:i + 40] for i in range(0, max(1, len(cal) - 40), 10)}
+            assert not any(run in text for run in runs)
+
+
+def test_a_calibration_file_holding_a_reference_prompt_is_refused(tmp_path):
+    encode = lambda text: [ord(c) for c in text]  # noqa: E731
+    reference = [[2, *encode("def fibonacci(n):\n    return n\n")]]
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"text": "something else entirely"}) + "\n" + json.dumps({"ids": [2, 5, 6, 7]}) + "\n")
+    prompts, record = calibration.load(good, encode, 2)
+    calibration.check_apart(prompts, reference)
+    assert record["prompts"] == 2 and record["source"] == str(good) and prompts[1] == [2, 5, 6, 7]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "intro def fibonacci(n):\n    return n\n outro"}) + "\n")
+    with pytest.raises(UsageError, match="calibration prompt 1 contains a reference prompt"):
+        calibration.check_apart(calibration.load(bad, encode, 2)[0], reference)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"txt": 1}\n')
+    with pytest.raises(UsageError, match=r"line 1: expected"):
+        calibration.load(broken, encode, 2)
+
+
+def test_calibration_is_refused_without_int4_and_when_missing(tmp_path):
+    from mtpkit.export.config import ExportConfig
+
+    file = tmp_path / "cal.jsonl"
+    file.write_text('{"text": "x y"}\n')
+    with pytest.raises(UsageError, match="--calibration is read by --quant int4 only"):
+        ExportConfig(target="t", drafter="d", out=tmp_path / "o", quant="int8", calibration=file)
+    with pytest.raises(UsageError, match="no such file"):
+        ExportConfig(target="t", drafter="d", out=tmp_path / "o", quant="int4", calibration=tmp_path / "none.jsonl")
+    assert ExportConfig(target="t", drafter="d", out=tmp_path / "o", quant="int4", calibration=file).calibration == file
+
+
+def test_importance_is_the_mean_square_input_of_each_layer_linear():
+    import torch
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up_proj = torch.nn.Linear(3, 2, bias=False)
+
+        def forward(self, x):
+            return self.up_proj(x)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 3)
+            self.layers = torch.nn.ModuleList([Layer()])
+            self.head = torch.nn.Linear(2, 10)  # outside the layers: no key, no importance
+
+        def forward(self, ids):
+            return self.head(self.layers[0](self.embed(ids)))
+
+    model = Model()
+    got = calibration.importance(model, [[1, 2, 3], [4]])
+    x = model.embed(torch.tensor([1, 2, 3, 4])).detach().double()
+    assert list(got) == ["layers.0.up_proj"]
+    assert np.allclose(got["layers.0.up_proj"], x.square().mean(0).numpy(), rtol=1e-5)
