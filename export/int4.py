@@ -122,11 +122,10 @@ class Int4Plan:
         return self.importance.get(key) if key else None
 
 
-def require_plans(recipes: dict[str, str], plans: dict | None) -> None:
+def require_plan(recipe: str, plan: Int4Plan | None, side: str) -> None:
     """int4's scales and 8-bit choices come from a plan (export/calibration.plans); a backend refuses to guess."""
-    missing = [side for side, recipe in recipes.items() if recipe == "int4" and side not in (plans or {})]
-    if missing:
-        raise ValueError(f"--quant int4 needs a plan for {', '.join(missing)} (export/calibration.plans)")
+    if recipe == "int4" and plan is None:
+        raise ValueError(f"--quant int4 needs a plan for the {side} (export/calibration.plans)")
 
 
 def plan(recipe: str, keep_8bit: tuple[str, ...], importance: Mapping[str, np.ndarray] | None = None,

@@ -276,7 +276,8 @@ def check(cfg, target: Source, drafter: Source) -> Estimate:
         raise MemoryBudgetError(_refusal(cfg, w, estimate))
     if budget is not None and estimate.peak_bytes > budget:
         log.info("memory preflight: the resident peak exceeds the budget by memory-mapped file pages (checkpoint, "
-                 "graph data), which the kernel drops and re-reads: slower, not killed")
+                 "graph data); they are handed back above %s resident and re-read when needed: slower, not killed",
+                 human_bytes(estimate.resident_cap))
     return estimate
 
 

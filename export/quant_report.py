@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--max-cache-len", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=32, help="decoded tokens per prompt and run")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (median reported)")
+    p.add_argument("--heldout", type=Path, metavar="FILE.jsonl",
+                   help='held-out text, one {"text": ...} per line: each row is also measured on it (teacher-forced '
+                        "over the text after its first 32 tokens, greedy prefix match from those 32); it must not "
+                        "be the int4 calibration text (tools/heldout_text.py writes the tiny pair's)")
     p.add_argument("--keep-exports", action="store_true", help="keep OUT/exports (every derived export; large)")
     p.add_argument("--force", action="store_true", help="replace OUT")
 
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     backends = tuple(b.strip() for b in args.backend.split(",") if b.strip())  # checked by the float export
     report = quant_report(args.target, args.drafter, args.out, *recipes, backends=backends, block_size=args.block_size,
                           max_cache_len=args.max_cache_len, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                          keep_exports=args.keep_exports)
+                          keep_exports=args.keep_exports, heldout=args.heldout)
     print((args.out / "report.md").read_text())
     return 0 if report["rows"] else 1
 
@@ -68,8 +72,9 @@ def _recipes(text: str, flag: str) -> list[str]:
 
 
 def quant_report(target: str, drafter: str, out: Path, recipes: list[str], drafter_recipes: list[str], *,
-                 backends: tuple[str, ...] = ("onnx",), block_size: int = 32, max_cache_len: int = 512, max_new_tokens: int = 32, repeats: int = 3,
-                 keep_exports: bool = False) -> dict:
+                 backends: tuple[str, ...] = ("onnx",), block_size: int = 32, max_cache_len: int = 512,
+                 max_new_tokens: int = 32, repeats: int = 3, keep_exports: bool = False,
+                 heldout: Path | None = None) -> dict:
     from tqdm import tqdm
 
     from mtpkit.export.config import ExportConfig
@@ -84,9 +89,10 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
     pairs = [("fp32", "fp32")] + [p for p in itertools.product(recipes, drafter_recipes) if p != ("fp32", "fp32")]
     folders = {pair: derive_quantized(float_dir, exports, pair, block_size, checkpoints=(target, drafter))
                for pair in tqdm(pairs, desc="quantizing", unit="pair")}
-    rows = _measure(folders, float_dir, target, max_new_tokens, repeats)
-    report = {"target": target, "drafter": drafter, "backends": list(backends), "block_size": block_size, "max_new_tokens": max_new_tokens,
-              "repeats": repeats, "rows": rows}
+    rows = _measure(folders, float_dir, target, max_new_tokens, repeats, heldout)
+    report = {"target": target, "drafter": drafter, "backends": list(backends), "block_size": block_size,
+              "max_new_tokens": max_new_tokens, "repeats": repeats, "heldout": str(heldout) if heldout else None,
+              "calibration": _calibration(folders), "rows": rows}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
     _plots(rows, out)
@@ -138,7 +144,44 @@ def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] |
                              _encoder(folder), manifest.tokens["bos"], ple_bits=ple_bits)
 
 
-def _measure(folders: dict, float_dir: Path, target_ref: str, max_new_tokens: int, repeats: int) -> list[dict]:
+def _calibration(folders: dict) -> dict | None:
+    """What int4's scales were calibrated on (the same built-in set or file for every derived export)."""
+    from mtpkit.runtime.manifest import load_manifest
+
+    for folder in folders.values():
+        for backend in load_manifest(folder).backends.values():
+            for graph in (backend.options.get("quantization") or {}).values():
+                if isinstance(graph, dict) and graph.get("calibration"):
+                    return graph["calibration"]
+    return None
+
+
+def heldout_references(target, folder: Path, texts: list[str], prompt_len: int = 32, text_len: int = 128,
+                       new_tokens: int = 32) -> tuple[dict, dict]:
+    """Two reference dicts (export/reference.py's shape) from held-out texts: (each text's first prompt_len tokens
+    followed by its own next text_len tokens, for teacher forcing; the same prompts followed by float greedy's
+    new_tokens, for greedy prefix match and acceptance)."""
+    import torch
+
+    from mtpkit.runtime.manifest import load_manifest
+
+    from .pipeline import _encoder
+    from .reference import greedy_kwargs
+
+    manifest, encode = load_manifest(folder), _encoder(folder)
+    text, greedy = {"prompts": []}, {"prompts": []}
+    for i, ids in enumerate(encode(t) for t in texts):
+        prompt = [manifest.tokens["bos"], *ids[:prompt_len]]
+        text["prompts"].append({"name": f"heldout{i}", "prompt_ids": prompt,
+                                "greedy_ids": ids[prompt_len:prompt_len + text_len]})
+        with torch.no_grad():
+            out = target.generate(torch.tensor([prompt]), **greedy_kwargs(new_tokens, manifest.eos_ids))
+        greedy["prompts"].append({"name": f"heldout{i}", "prompt_ids": prompt, "greedy_ids": out[0, len(prompt):].tolist()})
+    return text, greedy
+
+
+def _measure(folders: dict, float_dir: Path, target_ref: str, max_new_tokens: int, repeats: int,
+             heldout: Path | None = None) -> list[dict]:
     from tqdm import tqdm
 
     from mtpkit.runtime.manifest import load_manifest
@@ -150,16 +193,24 @@ def _measure(folders: dict, float_dir: Path, target_ref: str, max_new_tokens: in
     source = resolve(target_ref, "target")
     target = target_adapter(source).load(source)
     reference = json.loads((float_dir / "reference.json").read_text())
+    if heldout:
+        texts = [json.loads(line)["text"] for line in heldout.read_text().splitlines() if line.strip()]
+        held_text, held_greedy = heldout_references(target, float_dir, texts)
     teacher, rows = {}, []
     cases = [(kind, pair, folder) for pair, folder in folders.items() for kind in load_manifest(folder).backends]
     for kind, (t, d), folder in tqdm(cases, desc="measuring fidelity", unit="row"):
         graphs = load_manifest(folder).backend(kind).graphs
         if (kind, t) not in teacher:  # the target's fidelity does not depend on the drafter's recipe
             teacher[(kind, t)] = fidelity.teacher_forced(folder, target, reference, kind)
+            if heldout:
+                teacher[(kind, t, "heldout")] = {
+                    "teacher_forced": fidelity.teacher_forced(folder, target, held_text, kind),
+                    "runtime": fidelity.runtime_figures(folder, held_greedy, backend=kind)}
         rows.append({"backend": kind, "target_recipe": t, "drafter_recipe": d,
                      "bytes": {k: g.bytes for k, g in graphs.items() if k != "bundle"},  # the bundle repeats them
                      "teacher_forced": teacher[(kind, t)],
-                     "runtime": fidelity.runtime_figures(folder, reference, backend=kind)})
+                     "runtime": fidelity.runtime_figures(folder, reference, backend=kind),
+                     "heldout": teacher.get((kind, t, "heldout"))})
     speeds = _speeds({(kind, pair): folder for kind, pair, folder in cases}, reference, max_new_tokens, repeats)
     for row in rows:
         row.update(speeds[(row["backend"], (row["target_recipe"], row["drafter_recipe"]))])
@@ -193,17 +244,22 @@ def _speeds(cases: dict, reference: dict, max_new_tokens: int, repeats: int) -> 
 
 def markdown(report: dict) -> str:
     base = {r["backend"]: r for r in report["rows"] if (r["target_recipe"], r["drafter_recipe"]) == ("fp32", "fp32")}
+    held = any(r.get("heldout") for r in report["rows"])
     lines = ["| backend | target | drafter | MB | top-1 | mean KL | max dlogit | greedy prefix | acceptance | "
-             "tok/call | plain ms/tok | vs fp32 | spec ms/tok |", "|" + "---|" * 13]
+             "tok/call | plain ms/tok | vs fp32 | spec ms/tok |" + (" held-out top-1 | held-out KL | held-out greedy "
+                                                                    "prefix |" if held else ""),
+             "|" + "---|" * (16 if held else 13)]
     for r in report["rows"]:
-        tf, rt = r["teacher_forced"], r["runtime"]
+        tf, rt, h = r["teacher_forced"], r["runtime"], r.get("heldout")
         lines.append(f"| {r['backend']} | {r['target_recipe']} | {r['drafter_recipe']} | "
                      f"{sum(r['bytes'].values()) / 1e6:.2f} | "
                      f"{tf['top1_agreement']:.3f} | {tf['mean_kl']:.1e} | {tf['max_abs_logit']:.3f} | "
                      f"{rt['greedy_prefix_match']:.2f} | {100 * (rt['acceptance'] or 0):.0f}% | "
                      f"{rt['tokens_per_target_call']:.2f} | {r['plain_ms_per_token']:.2f} | "
                      f"{base[r['backend']]['plain_ms_per_token'] / r['plain_ms_per_token']:.2f}x | "
-                     f"{r['speculative_ms_per_token']:.2f} |")
+                     f"{r['speculative_ms_per_token']:.2f} |" +
+                     (f" {h['teacher_forced']['top1_agreement']:.3f} | {h['teacher_forced']['mean_kl']:.1e} | "
+                      f"{h['runtime']['greedy_prefix_match']:.2f} |" if h else (" - | - | - |" if held else "")))
     return "\n".join(lines) + "\n"
 
 

@@ -79,8 +79,9 @@ def test_the_plan_keeps_the_adapters_tensors_at_8_bits_and_rtn_keeps_none():
     assert plan.importance_of("model.model.layers.0.mlp.up_proj.weight.T") is not None
     rtn = int4.plan("int4-rtn", gemma4_text.INT4_KEEP_8BIT, {"layers.0.mlp.up_proj": np.ones(4)})
     assert not rtn.searched and rtn.bits("model.lm_head.weight") == 4 and not rtn.importance
-    with pytest.raises(ValueError, match="needs a plan"):
-        int4.require_plans({"target": "int4", "drafter": "int8"}, {})
+    with pytest.raises(ValueError, match="needs a plan for the target"):
+        int4.require_plan("int4", None, "target")
+    int4.require_plan("int4-rtn", None, "target")  # round-to-nearest needs none
 
 
 def _eval_texts() -> list[str]:
@@ -159,3 +160,18 @@ def test_importance_is_the_mean_square_input_of_each_layer_linear():
     x = model.embed(torch.tensor([1, 2, 3, 4])).detach().double()
     assert list(got) == ["layers.0.up_proj"]
     assert np.allclose(got["layers.0.up_proj"], x.square().mean(0).numpy(), rtol=1e-5)
+
+
+def test_the_tiny_pairs_held_out_text_is_not_calibration_text():
+    """tools/heldout_text.py's windows (quant-report --heldout) share no 40-character run with the built-in set."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("heldout_text", Path(__file__).parents[1] / "tools/heldout_text.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    texts = module.windows(16, 900)
+    assert len(texts) == 16 and all(len(t) > 500 for t in texts)
+    for cal in calibration.BUILT_IN:
+        runs = {cal[i:i + 40] for i in range(0, max(1, len(cal) - 40), 10)}
+        assert not any(run in text for run in runs for text in texts)

@@ -129,7 +129,7 @@ def test_litert_takes_int8_dynamic_as_its_int8(tmp_path, monkeypatch):
     class Quantized(Exception):
         pass
 
-    def quantize_tflite(path, name, recipe, block_size, ple_bits=8):
+    def quantize_tflite(path, name, recipe, block_size, ple_bits=8, plan=None):
         raise Quantized(name, recipe)
 
     monkeypatch.setattr(litert_quant, "_quantize_tflite", quantize_tflite)

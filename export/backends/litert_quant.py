@@ -48,7 +48,6 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     for recipe in recipes.values():
         if recipe not in ("fp32", *RECIPES):
             raise ValueError(f"unknown LiteRT quantization recipe {recipe!r}; choose from fp32, {', '.join(RECIPES)}")
-    int4.require_plans(recipes, plans)
     graphs, options = dict(backend.graphs), dict(backend.options)
     detail = dict(options.get("quantization") or {})
     changed = False
@@ -58,6 +57,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
             continue  # float requested, or already quantized
         path = folder / graphs[name].file
         plan = (plans or {}).get("drafter" if name == "drafter" else "target")
+        int4.require_plan(recipe, plan, name)
         stored, how = _quantize_tflite(path, name, recipe, block_size, ple_bits, plan)
         graphs[name] = dataclasses.replace(_graph_file(folder, graphs[name].file), recipe=stored)
         detail[name] = {"recipe": stored, **how}

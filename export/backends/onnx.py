@@ -117,7 +117,6 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     the choice per weight is recorded in options["quantization"]."""
     import onnx
 
-    int4.require_plans(recipes, plans)
     graphs, options = dict(backend.graphs), dict(backend.options)
     for name, recipe in recipes.items():
         if recipe == "fp32" or graphs[name].recipe != "fp32":
@@ -125,6 +124,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         path = folder / graphs[name].file
         shared_name = _external_initializer(path, EMBEDDINGS_FILE)
         plan = (plans or {}).get(name)
+        int4.require_plan(recipe, plan, name)
         model, tensors = _weights_quantized(path, recipe, block_size, accuracy_level, skip=shared_name, plan=plan)
         streamed = recipe in onnx_stream.STREAMED  # its weights stay in <graph>.onnx.data: tables go there too
         tables = dict(base_dir=str(folder), data_file=path.name + ".data" if streamed else None)
