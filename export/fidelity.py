@@ -104,7 +104,10 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
                    "teacher_forced": teacher_forced(manifest.root, target, reference, kind),
                    "runtime": runtime_figures(manifest.root, reference, backend=kind),
                    "float_runtime": float_figures[kind],
-                   "gate": {"top1_agreement_min": GATES.get(graphs["target"].recipe), "enforced": gate}}
+                   "gate": {"top1_agreement_min": GATES.get(graphs["target"].recipe), "enforced": gate},
+                   # int4: the text its scales were calibrated on, which the reference prompts above are not
+                   "calibration": ((manifest.backend(kind).options.get("quantization") or {}).get("target")
+                                   or {}).get("calibration")}
         figures["float_margin_at_divergence"] = _margins(target, reference, figures["runtime"]["first_divergence"])
         _log(kind, figures)
         failures += _gate_failure(kind, figures)

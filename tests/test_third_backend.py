@@ -166,9 +166,12 @@ def test_fidelity_files_every_backend_under_its_name(relay, tmp_path, monkeypatc
     (tmp_path / "reference.json").write_text(json.dumps({"prompts": []}))
     graphs = {"target": types.SimpleNamespace(recipe="int8"), "drafter": types.SimpleNamespace(recipe="int8")}
     kinds = ("onnx", KIND)
+    calibrated = {"quantization": {"target": {"calibration": {"source": "built-in", "prompts": 8}}}}
     manifest = types.SimpleNamespace(reference={"file": "reference.json"}, root=tmp_path, backends=dict.fromkeys(kinds),
-                                     backend=lambda kind: types.SimpleNamespace(graphs=graphs),
+                                     backend=lambda kind: types.SimpleNamespace(
+                                         graphs=graphs, options=calibrated if kind == KIND else {}),
                                      path=lambda name: tmp_path / name)
     report = fidelity.check(manifest, None, {k: runtime for k in kinds}, gate=True)
     assert set(report) == set(kinds) == set(json.loads((tmp_path / fidelity.FIDELITY_FILE).read_text()))
     assert report[KIND]["teacher_forced"] == figures and report["onnx"]["target_recipe"] == "int8"
+    assert report[KIND]["calibration"]["source"] == "built-in" and report["onnx"]["calibration"] is None
