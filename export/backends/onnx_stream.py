@@ -187,34 +187,12 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
         tensor = b.const_value if b is not None and b.is_initializer() else None
         if tensor is None or b.name in skip or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
             continue
-        k, n = tensor.shape
         wbits = plan.bits(b.name) if plan is not None else bits
         search = plan is not None and plan.searched and wbits == 4
         quant = _Packed(tensor, wbits, block_size, search, plan.importance_of(b.name) if search else None)
         chosen[b.name] = f"int{wbits}/b{block_size}"
         packs.append(quant)
-        blocks, blob = -(-k // block_size), block_size * wbits // 8
-        packed = ir.Value(name=f"{b.name}_Q{wbits}", shape=ir.Shape([n, blocks, blob]),
-                          type=ir.TensorType(ir.DataType.UINT8), const_value=ir.LazyTensor(
-                              lambda q=quant: ir.tensor(q.get(0)), dtype=ir.DataType.UINT8,
-                              shape=ir.Shape([n, blocks, blob])))
-        scales = ir.Value(name=f"{b.name}_scales", shape=ir.Shape([n, blocks]),
-                          type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.LazyTensor(
-                              lambda q=quant: ir.tensor(q.get(1)), dtype=ir.DataType.FLOAT,
-                              shape=ir.Shape([n, blocks])))
-        attributes = {"K": k, "N": n, "bits": wbits, "block_size": block_size}
-        if accuracy_level:  # as the quantizer: the attribute is optional and left out at 0
-            attributes["accuracy_level"] = accuracy_level
-        new = ir.node("MatMulNBits", [node.inputs[0], packed, scales], attributes=attributes, domain=MS_DOMAIN,
-                      name=f"{node.name}_Q{wbits}" if node.name else "", outputs=[ir.Value(name=node.outputs[0].name)])
-        for value in (packed, scales):
-            graph.register_initializer(value)
-        graph.insert_before(node, new)
-        node.outputs[0].replace_all_uses_with(new.outputs[0], replace_graph_outputs=True)
-        new.outputs[0].shape, new.outputs[0].type = node.outputs[0].shape, node.outputs[0].type
-        graph.remove(node, safe=True)
-        if not b.uses():
-            graph.initializers.pop(b.name)
+        _replace_matmul(graph, node, b, quant, block_size, accuracy_level)
         replaced += 1
     if replaced:
         model.opset_imports.setdefault(MS_DOMAIN, 1)
@@ -223,6 +201,35 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
                 quant.done = advance
             _save_replacing(model, path)
     return chosen
+
+
+def _replace_matmul(graph, node, b, quant, block_size: int, accuracy_level: int) -> None:
+    """node (MatMul(A, b)) -> MatMulNBits(A, packed, scales), both read lazily from quant as the file is written."""
+    import onnx_ir as ir
+
+    (k, n), bits = b.const_value.shape, quant.bits
+    blocks, blob = -(-k // block_size), block_size * bits // 8
+    packed = ir.Value(name=f"{b.name}_Q{bits}", shape=ir.Shape([n, blocks, blob]),
+                      type=ir.TensorType(ir.DataType.UINT8), const_value=ir.LazyTensor(
+                          lambda q=quant: ir.tensor(q.get(0)), dtype=ir.DataType.UINT8,
+                          shape=ir.Shape([n, blocks, blob])))
+    scales = ir.Value(name=f"{b.name}_scales", shape=ir.Shape([n, blocks]),
+                      type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.LazyTensor(
+                          lambda q=quant: ir.tensor(q.get(1)), dtype=ir.DataType.FLOAT,
+                          shape=ir.Shape([n, blocks])))
+    attributes = {"K": k, "N": n, "bits": bits, "block_size": block_size}
+    if accuracy_level:  # as the quantizer: the attribute is optional and left out at 0
+        attributes["accuracy_level"] = accuracy_level
+    new = ir.node("MatMulNBits", [node.inputs[0], packed, scales], attributes=attributes, domain=MS_DOMAIN,
+                  name=f"{node.name}_Q{bits}" if node.name else "", outputs=[ir.Value(name=node.outputs[0].name)])
+    for value in (packed, scales):
+        graph.register_initializer(value)
+    graph.insert_before(node, new)
+    node.outputs[0].replace_all_uses_with(new.outputs[0], replace_graph_outputs=True)
+    new.outputs[0].shape, new.outputs[0].type = node.outputs[0].shape, node.outputs[0].type
+    graph.remove(node, safe=True)
+    if not b.uses():
+        graph.initializers.pop(b.name)
 
 
 MS_DOMAIN = "com.microsoft"
