@@ -219,3 +219,19 @@ def test_litert_accepts_quantized_recipes(tmp_path):
     cfg = ExportConfig(target="t", drafter="d", out=tmp_path / "out", backend="litert", quant="int4",
                        drafter_quant="int8", block_size=64)
     assert cfg.backend == ("litert",) and (cfg.quant, cfg.drafter_quant) == ("int4", "int8")
+
+
+def test_a_4_bit_ple_table_on_litert_only_when_asked(float_export, tmp_path_factory):
+    """--ple-quant int4 on LiteRT: the per-layer embedder and the target's per-layer projections at 4 bits,
+    recorded; the graphs run and speculation stays lossless on them."""
+    folder = quant_report.derive_quantized(float_export, tmp_path_factory.mktemp("litert_ple4"), ("int4", "int4"), 32,
+                                           ple_bits=4)
+    lite = load_manifest(folder).backend("litert")
+    assert lite.graphs["per_layer_embedder"].recipe == "int4"
+    target = lite.options["quantization"]["target"]["tensors"]
+    assert {e for name, e in target.items() if name.endswith("per_layer_projection.weight")} == {"int4/b32"}
+    eight = load_manifest(quant_report.derive_quantized(float_export, tmp_path_factory.mktemp("litert_ple8"),
+                                                        ("int4", "int4"), 32)).backend("litert")
+    assert lite.graphs["per_layer_embedder"].bytes < 0.7 * eight.graphs["per_layer_embedder"].bytes
+    ids = PROMPTS[1]
+    assert greedy(folder, ids, mtp=True) == greedy(folder, ids, mtp=False)
