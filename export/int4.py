@@ -24,14 +24,16 @@ INT4_RECIPES = ("int4", "int4-rtn")
 # candidates for (block absmax / scale): 7 is round-to-nearest of the absmax; above 7 the largest values clip to
 # +7 / -8 for a finer step on the rest (the negative extreme is exact at 8)
 SCALE_GRID = np.linspace(6.5, 8.5, 17, dtype=np.float32)
+RTN_GRID = np.array([7.0], np.float32)  # int4-rtn: the absmax / 7 alone
 _ELEMENTS = 1 << 22  # weights searched at a time (16 MiB of float32): the search's temporaries stay ~100 MiB
 
 
-def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None,
+           grid: np.ndarray = SCALE_GRID) -> tuple[np.ndarray, np.ndarray]:
     """(codes int8 [n, k] in -8..7, scales float16 [n, k // block], all positive) of rows [n, k], blockwise along
-    k, each block's scale the SCALE_GRID candidate with the least squared error, weighted by `importance` [k]
-    (mean square input activation per channel; None: unweighted). Rows are independent, so any slicing of the
-    rows gives the same result."""
+    k, each block's scale the `grid` candidate with the least squared error, weighted by `importance` [k]
+    (mean square input activation per channel; None: unweighted). RTN_GRID gives int4-rtn. Rows are independent,
+    so any slicing of the rows gives the same result."""
     n, k = rows.shape
     if k % block:
         raise ValueError(f"width {k} is not a multiple of the int4 block {block}")
@@ -41,15 +43,15 @@ def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None) -
     for start in range(0, n, step):
         stop = min(n, start + step)
         codes[start:stop], scales[start:stop] = _search(rows[start:stop].reshape(stop - start, k // block, block),
-                                                        weight)
+                                                        weight, grid)
     return codes, scales
 
 
-def _search(blocks: np.ndarray, weight: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _search(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blocks = blocks.astype(np.float32, copy=False)
     amax = np.abs(blocks).max(axis=2)
     best_scale, best_err = None, None
-    for d in SCALE_GRID:
+    for d in grid:
         scale = _stored(amax / d)
         err = np.square(_codes(blocks, scale) * scale[..., None] - blocks)
         err = (err if weight is None else err * weight).sum(axis=2)

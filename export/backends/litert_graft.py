@@ -126,15 +126,9 @@ class Encoding:
             scale = np.maximum(np.abs(rows).max(axis=1), 1e-9).astype(np.float32) / np.float32(127)
             q = np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8)
             return q.tobytes(), scale
-        if self.searched:
-            codes, scale = int4.encode(rows, self.block, self.importance)
-            q = codes.reshape(-1)
-        else:  # int4-rtn: the block's absmax / 7
-            blocks = rows.reshape(rows.shape[0], -1, self.block)
-            scale = (np.abs(blocks).max(axis=2) / np.float32(7)).astype(np.float16)
-            # an all-zero block keeps a positive scale: XNNPACK refuses a zero int4 scale (the values stay 0)
-            scale[scale == 0] = np.finfo(np.float16).tiny
-            q = np.clip(np.rint(blocks / scale.astype(np.float32)[..., None]), -8, 7).astype(np.int8).reshape(-1)
+        codes, scale = int4.encode(rows, self.block, self.importance,
+                                   int4.SCALE_GRID if self.searched else int4.RTN_GRID)  # rtn: absmax / 7
+        q = codes.reshape(-1)
         if q.size % 2:
             q = np.append(q, np.int8(0))
         packed = (q[0::2] & 0x0F) | ((q[1::2] & 0x0F) << 4)  # two values per byte, the first in the low nibble
