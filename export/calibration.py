@@ -116,7 +116,8 @@ def plans(recipes: dict[str, str], target, adapters: dict, reference: list[list[
             check_apart(prompts, reference)
             log.info("  calibrating int4 scales on %d prompts (%d tokens, %s)", record["prompts"], record["tokens"],
                      record["source"])
-            importance_of = importance(target, prompts)
+            importance_of = without_thin_moments(
+                importance(target, prompts, adapters[side].INT4_COMPENSATE), record["tokens"])
         mine = side == "target"
         keep = adapters[side].INT4_KEEP_8BIT + (adapters[side].INT4_PLE_PATH if ple_bits == 8 else ())
         out[side] = int4.plan(recipe, keep, importance_of if mine else None, record if mine else None)
@@ -128,18 +129,22 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
     return any(hay[i:i + n] == needle for i in range(len(hay) - n + 1))
 
 
-def importance(model, prompts: list[list[int]]) -> dict[str, np.ndarray]:
+def importance(model, prompts: list[list[int]], full: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Mean square input activation per channel of every nn.Linear inside the decoder layers, keyed by
-    export/int4.weight_key, from one forward pass per prompt."""
+    export/int4.weight_key, from one forward pass per prompt; for the keys containing a `full` substring, the whole
+    mean x x^T [k, k] (float32) instead, which export/int4.encode uses to compensate rounding errors."""
     import torch
 
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
 
     def hook(key):
+        whole = any(f in key for f in full)
+
         def record(module, args, output):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).double()
-            sums[key] = sums.get(key, 0) + x.square().sum(0).numpy()
+            x = args[0].detach().reshape(-1, args[0].shape[-1])
+            moment = (x.float().T @ x.float()).numpy() if whole else x.double().square().sum(0).numpy()
+            sums[key] = sums.get(key, 0) + moment
             counts[key] = counts.get(key, 0) + x.shape[0]
         return record
 
@@ -153,3 +158,14 @@ def importance(model, prompts: list[list[int]]) -> dict[str, np.ndarray]:
         for h in handles:
             h.remove()
     return {key: (sums[key] / counts[key]).astype(np.float32) for key in sums}
+
+
+def without_thin_moments(importance: dict[str, np.ndarray], tokens: int) -> dict[str, np.ndarray]:
+    """A [k, k] moment estimated from fewer than k tokens is rank-deficient and would steer the error compensation
+    by noise: such weights fall back to the diagonal (per-channel) search, and the log says how to get it back."""
+    thin = {key for key, m in importance.items() if m.ndim == 2 and m.shape[0] > tokens}
+    if thin:
+        width = max(importance[key].shape[0] for key in thin)
+        log.info("  int4 error compensation off for %d weights: the calibration's %d tokens are fewer than their "
+                 "%d input channels (pass --calibration with more text)", len(thin), tokens, width)
+    return {key: (np.diagonal(m).copy() if key in thin else m) for key, m in importance.items()}

@@ -31,19 +31,57 @@ _ELEMENTS = 1 << 22  # weights searched at a time (16 MiB of float32): the searc
 def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None,
            grid: np.ndarray = SCALE_GRID) -> tuple[np.ndarray, np.ndarray]:
     """(codes int8 [n, k] in -8..7, scales float16 [n, k // block], all positive) of rows [n, k], blockwise along
-    k, each block's scale the `grid` candidate with the least squared error, weighted by `importance` [k]
-    (mean square input activation per channel; None: unweighted). RTN_GRID gives int4-rtn. Rows are independent,
+    k, each block's scale the `grid` candidate with the least squared error, weighted by `importance`: [k], the
+    mean square input activation per channel (None: unweighted), or [k, k], the mean x x^T, which also compensates
+    each column's rounding error on the columns after it (GPTQ). RTN_GRID gives int4-rtn. Rows are independent,
     so any slicing of the rows gives the same result."""
     n, k = rows.shape
     if k % block:
         raise ValueError(f"width {k} is not a multiple of the int4 block {block}")
     codes, scales = np.empty((n, k), np.int8), np.empty((n, k // block), np.float16)
-    weight = None if importance is None else _normalised(importance).reshape(1, k // block, block)
+    full = importance is not None and np.ndim(importance) == 2
+    diagonal = np.diagonal(importance) if full else importance
+    weight = None if diagonal is None else _normalised(diagonal).reshape(1, k // block, block)
+    factor = _inverse_factor(np.asarray(importance, np.float64)) if full else None
     step = max(1, _ELEMENTS // k)
     for start in range(0, n, step):
         stop = min(n, start + step)
-        codes[start:stop], scales[start:stop] = _search(rows[start:stop].reshape(stop - start, k // block, block),
-                                                        weight, grid)
+        part = rows[start:stop]
+        codes[start:stop], scales[start:stop] = _compensated(part, block, weight, grid, factor) if full else \
+            _search(part.reshape(stop - start, k // block, block), weight, grid)
+    return codes, scales
+
+
+def _inverse_factor(hessian: np.ndarray, damp: float = 0.01) -> np.ndarray:
+    """The upper Cholesky factor of (H + damp * mean diag * I)^-1, float32: GPTQ's error propagation weights. A
+    channel calibration never excited gets the damping alone, so it neither sends nor receives corrections."""
+    h = hessian.copy()
+    dead = np.diagonal(h) <= 0
+    h[dead, dead] = 1.0
+    h[np.diag_indices_from(h)] += damp * np.mean(np.diagonal(h))
+    return np.linalg.cholesky(np.linalg.inv(h)).T.astype(np.float32)
+
+
+def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndarray,
+                 factor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ over one slice of rows: blocks in order, each block's scale searched on the weights as corrected so
+    far, each column rounded with it and its error spread over the later columns (within the block one column at
+    a time, beyond it once per block as one matrix product)."""
+    w = np.array(rows, np.float32)
+    n, k = w.shape
+    codes, scales = np.empty((n, k), np.int8), np.empty((n, k // block), np.float16)
+    for b, g in enumerate(range(0, k, block)):
+        e = g + block
+        _, s = _search(w[:, g:e].reshape(n, 1, block), weight[:, b:b + 1], grid)
+        scale = s[:, 0].astype(np.float32)
+        scales[:, b] = s[:, 0]
+        errors = np.empty((n, block), np.float32)
+        for j in range(g, e):
+            q = np.clip(np.rint(w[:, j] / scale), -8, 7)
+            codes[:, j] = q
+            errors[:, j - g] = (w[:, j] - q * scale) / factor[j, j]
+            w[:, j + 1:e] -= np.outer(errors[:, j - g], factor[j, j + 1:e])
+        w[:, e:] -= errors @ factor[g:e, e:]
     return codes, scales
 
 
@@ -104,7 +142,8 @@ def weight_key(name: str) -> str | None:
 class Int4Plan:
     """What each weight of one side (target or drafter) becomes under an int4 recipe. keep_8bit: substrings of
     weight names kept at 8 bits (the model adapter's INT4_KEEP_8BIT; empty for int4-rtn). importance: weight_key
-    -> mean square input activation per channel from calibration (empty: unweighted scales)."""
+    -> mean square input activation per channel from calibration, or the full mean x x^T for a weight whose
+    rounding errors are compensated (empty: unweighted scales)."""
 
     recipe: str
     keep_8bit: tuple[str, ...] = ()
@@ -120,8 +159,14 @@ class Int4Plan:
         return 8 if any(k in name for k in self.keep_8bit) else 4
 
     def importance_of(self, name: str) -> np.ndarray | None:
+        """[k] mean square input per channel, [k, k] mean x x^T (error compensated), or None."""
         key = weight_key(name)
         return self.importance.get(key) if key else None
+
+
+def label(bits: int, block: int, importance: np.ndarray | None = None) -> str:
+    """How a weight is stored, as manifest.json records it: "int8/b32", "int4/b32", "int4/b32/gptq" (compensated)."""
+    return f"int{bits}/b{block}" + ("/gptq" if bits == 4 and np.ndim(importance) == 2 else "")
 
 
 def require_plan(recipe: str, plan: Int4Plan | None, side: str) -> None:

@@ -160,6 +160,45 @@ def test_importance_is_the_mean_square_input_of_each_layer_linear():
     x = model.embed(torch.tensor([1, 2, 3, 4])).detach().double()
     assert list(got) == ["layers.0.up_proj"]
     assert np.allclose(got["layers.0.up_proj"], x.square().mean(0).numpy(), rtol=1e-5)
+    full = calibration.importance(model, [[1, 2, 3], [4]], full=("up_proj",))["layers.0.up_proj"]
+    assert full.shape == (3, 3) and np.allclose(full, (x.T @ x / 4).numpy(), rtol=1e-5)  # the whole mean x x^T
+    thin = calibration.without_thin_moments({"a": full, "b": np.ones(3, np.float32)}, tokens=2)
+    assert np.allclose(thin["a"], np.diagonal(full)) and thin["b"] is not None  # 2 tokens < 3 channels: diagonal
+    assert calibration.without_thin_moments({"a": full}, tokens=4)["a"].shape == (3, 3)
+
+
+def _correlated_inputs(rng, tokens: int, width: int) -> np.ndarray:
+    """Activations with strongly correlated channels, as a decoder's hidden states have."""
+    mix = rng.normal(size=(width // 4, width)).astype(np.float32)
+    return (rng.normal(size=(tokens, width // 4)) @ mix + 0.1 * rng.normal(size=(tokens, width))).astype(np.float32)
+
+
+def test_compensated_codes_lower_the_layers_output_error_and_fit_the_format():
+    rng = np.random.default_rng(3)
+    x = _correlated_inputs(rng, 512, 128)
+    moment = x.T @ x / len(x)
+    rows = rng.normal(size=(48, 128)).astype(np.float32)
+    codes, scales = int4.encode(rows, 32, moment)
+    assert codes.dtype == np.int8 and codes.min() >= -8 and codes.max() <= 7
+    assert scales.dtype == np.float16 and (scales > 0).all() and scales.shape == (48, 4)
+    output_err = lambda values: float(np.square((values - rows) @ x.T).mean())  # noqa: E731
+    diagonal = int4.decode(*int4.encode(rows, 32, np.diagonal(moment).copy()))
+    assert output_err(int4.decode(codes, scales)) < 0.7 * output_err(diagonal)
+    assert int4.label(4, 32, moment) == "int4/b32/gptq" and int4.label(4, 32, np.diagonal(moment)) == "int4/b32"
+
+
+def test_compensation_is_per_row_and_without_correlation_it_is_the_diagonal_search():
+    rng = np.random.default_rng(4)
+    rows = rng.standard_t(4, size=(20, 64)).astype(np.float32)
+    moment = _correlated_inputs(rng, 256, 64)
+    moment = moment.T @ moment / len(moment)
+    whole = int4.encode(rows, 32, moment)
+    for part in (slice(0, 7), slice(7, 20)):  # the LiteRT graft encodes a slice of rows at a time
+        codes, scales = int4.encode(rows[part], 32, moment)
+        assert np.array_equal(codes, whole[0][part]) and np.array_equal(scales, whole[1][part])
+    diagonal = rng.gamma(0.5, size=64).astype(np.float32) + 0.1  # no correlation: nothing to compensate
+    compensated, searched = int4.encode(rows, 32, np.diag(diagonal)), int4.encode(rows, 32, diagonal)
+    assert np.array_equal(compensated[0], searched[0]) and np.array_equal(compensated[1], searched[1])
 
 
 def test_the_tiny_pairs_held_out_text_is_not_calibration_text():

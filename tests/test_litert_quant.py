@@ -233,5 +233,8 @@ def test_a_4_bit_ple_table_on_litert_only_when_asked(float_export, tmp_path_fact
     eight = load_manifest(quant_report.derive_quantized(float_export, tmp_path_factory.mktemp("litert_ple8"),
                                                         ("int4", "int4"), 32)).backend("litert")
     assert lite.graphs["per_layer_embedder"].bytes < 0.7 * eight.graphs["per_layer_embedder"].bytes
+    labels = eight.options["quantization"]["target"]["tensors"]  # gate / up compensated (GPTQ), the rest not
+    assert {e for n, e in labels.items() if n.endswith(("gate_proj.weight", "up_proj.weight"))} == {"int4/b32/gptq"}
+    assert {e for n, e in labels.items() if n.endswith("down_proj.weight")} == {"int4/b32"}
     ids = PROMPTS[1]
     assert greedy(folder, ids, mtp=True) == greedy(folder, ids, mtp=False)

@@ -105,7 +105,7 @@ class WeightInputs:
 class Encoding:
     kind: str  # float32 | float16 | int8 | int4
     block: int = 0  # int4 only
-    # int4 only: scales searched per block (export/int4.py), weighted by this per-input-channel importance
+    # int4 only: scales searched per block (export/int4.py), weighted by this importance ([k], or [k, k]: GPTQ)
     searched: bool = False
     importance: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -460,4 +460,4 @@ def _write_weight(f, model, p: dict, source) -> str:
     if enc.kind == "int4":
         f.seek(model.buffers[p["scales"]].offset)
         f.write(np.concatenate(scales).astype(np.float16).tobytes())
-    return f"int4/b{enc.block}" if enc.kind == "int4" else enc.kind
+    return int4.label(4, enc.block, enc.importance) if enc.kind == "int4" else enc.kind

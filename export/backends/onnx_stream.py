@@ -190,7 +190,7 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
         wbits = plan.bits(b.name) if plan is not None else bits
         search = plan is not None and plan.searched and wbits == 4
         quant = _Packed(tensor, wbits, block_size, search, plan.importance_of(b.name) if search else None)
-        chosen[b.name] = f"int{wbits}/b{block_size}"
+        chosen[b.name] = int4.label(wbits, block_size, quant.importance)
         packs.append(quant)
         _replace_matmul(graph, node, b, quant, block_size, accuracy_level)
         replaced += 1
@@ -292,7 +292,7 @@ def _searched(w: np.ndarray, block_size: int, importance: np.ndarray | None) -> 
     blocks = -(-k // block_size)
     pad = blocks * block_size - k
     rows = np.pad(np.asarray(w, np.float32).T, ((0, 0), (0, pad)))  # [N, K]: a row per output, as the op stores
-    weight = None if importance is None else np.pad(np.asarray(importance, np.float32), (0, pad))
+    weight = None if importance is None else np.pad(np.asarray(importance, np.float32), (0, pad))  # [k] or [k, k]
     codes, scales = int4.encode(rows, block_size, weight)
     u = (codes.astype(np.int16) + 8).astype(np.uint8).reshape(n, blocks, block_size)
     return np.ascontiguousarray(u[..., 0::2] | (u[..., 1::2] << 4)), scales.astype(np.float32)

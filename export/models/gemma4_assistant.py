@@ -16,6 +16,7 @@ MODEL_TYPES = ("gemma4_assistant",)
 # `--quant int4` keeps no drafter weight at 8 bits: acceptance holds with every drafter weight at 4 bits
 # (docs/quant-report-tiny-pair)
 INT4_KEEP_8BIT: tuple[str, ...] = ()
+INT4_COMPENSATE: tuple[str, ...] = ()
 INT4_PLE_PATH: tuple[str, ...] = ()  # no per-layer embeddings
 
 

@@ -24,6 +24,10 @@ MODEL_TYPES = ("gemma4", "gemma4_text")
 # lm_head table and the attention projections cost the most top-1 per byte at 4 bits (tools/int4_sensitivity.py)
 INT4_KEEP_8BIT = ("embed_tokens.weight", "lm_head", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                   "self_attn.o_proj", "grouped_q_weight", "grouped_o_weight")
+# int4 rounding errors compensated from calibration's full second moment (GPTQ): the MLP inputs that read the
+# residual stream. Measured on the trained pair (docs/quant-report-tiny-pair); down_proj's wide input (6144-12288
+# channels at E2B) would need a 0.15-0.6 GB moment per layer and, compensated too, gave a higher KL there.
+INT4_COMPENSATE = ("mlp.gate_proj", "mlp.up_proj")
 INT4_PLE_PATH = ("per_layer",)  # the per-layer-embedding path's weights: 8 bits unless --ple-quant int4
 NEG = torch.finfo(torch.float32).min
 
