@@ -123,9 +123,9 @@ class ExportConfig:
             raise UsageError(f"--accuracy-level must be 0-4, got {self.accuracy_level}")
         if self.calibration is not None:
             object.__setattr__(self, "calibration", Path(self.calibration))
-            if "int4" not in (self.quant, self.drafter_quant):
-                raise UsageError("--calibration is read by --quant int4 only (the other recipes use no activations); "
-                                 "drop it or pass --quant int4")
+            if self.quant != "int4":  # only the target is calibrated: the drafter's int4 uses no activations
+                raise UsageError("--calibration is read by --quant int4 only (it calibrates the target; the other "
+                                 "recipes use no activations); drop it or pass --quant int4")
             if not self.calibration.is_file():
                 raise UsageError(f"--calibration {self.calibration}: no such file; give a .jsonl of "
                                  '{"text": ...} or {"ids": [...]} lines')

@@ -1,15 +1,18 @@
-"""int4 weights chosen to keep the model: one encoder and one plan shared by the ONNX and LiteRT backends, so the
-same recipe name writes the same codes and scales on both.
+"""int4 weights chosen to keep the model: one encoder and one plan shared by the ONNX and LiteRT backends, so
+`--quant int4` writes the same codes and scales on both.
 
 Recipes (`--quant`):
 - `int4`: blockwise 4-bit codes (-8..7) with one positive float16 scale per block of `block` input channels, the
   scale picked per block from SCALE_GRID to minimise the block's squared error weighted by each input channel's
   mean square activation on calibration text (`export/calibration.py`): a diagonal estimate of the layer's output
-  error, the idea of AWQ / HQQ without their iterations. Mixed precision: the tensors the model adapter names in
+  error, the idea of AWQ / HQQ without their iterations. For the weights the adapter names in `INT4_COMPENSATE`
+  (Gemma 4: the MLP's gate and up projections) calibration gives the whole mean x x^T, and each column's rounding
+  error is compensated on the columns not yet encoded (GPTQ). Mixed precision: the tensors the adapter names in
   `INT4_KEEP_8BIT` (measured by `tools/int4_sensitivity.py`: for Gemma 4 the tied embedding / lm_head table and
-  attention k, v and o) keep 8 bits; the per-layer-embedding path keeps 8 bits as before (`--ple-quant`).
-- `int4-rtn`: round-to-nearest with the block's absolute maximum as the scale, every tensor at 4 bits except the
-  per-layer-embedding path: the recipe `int4` meant before, kept for comparison.
+  attention q, k, v and o) keep 8 bits, and so does the per-layer-embedding path unless `--ple-quant int4`.
+- `int4-rtn`: round-to-nearest, kept for comparison as each backend wrote it before: on LiteRT this encoder with
+  the absmax / 7 scale alone, the per-layer-embedding path at 8 bits; on ONNX, ONNX Runtime's own packing (scale:
+  the block's signed extreme / -8) of every MatMul, per-layer projections included, the PLE table at 8 bits.
 """
 
 from __future__ import annotations

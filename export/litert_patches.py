@@ -3,7 +3,7 @@
 Each patch is a context manager that restores what it replaced on exit, so importing mtpkit never changes
 litert-torch globally. tests/test_litert_export.py checks, per patch, that the upstream defect still exists
 (so a fixed upstream release makes a test fail and the patch can be dropped) and that the patch is undone.
-Numbering follows docs/litert-notes.md (B1-B8); B9 is new here.
+The patches are numbered B1-B9; docs/design.md says what each is for.
 """
 
 from __future__ import annotations

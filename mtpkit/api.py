@@ -28,7 +28,7 @@ def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **opti
       force=False            replace an existing `out`
       check=True             compare every graph with PyTorch and fail loudly on any difference
       reference_tokens=32    new tokens per prompt recorded from transformers for `mtpkit parity`
-      prefill_len=None, num_assistant_tokens=None    LiteRT static shapes (prefill chunk: 128; drafts per verify call: the
+      prefill_len=None, max_draft=None    LiteRT static shapes (prefill chunk: 128; drafts per verify call: the
                              drafter's num_assistant_tokens), each capped by the KV capacity when not given
       target_revision=None, drafter_revision=None     hub revisions
       memory_budget=None     GiB the export may use at its peak (default: MemAvailable); an export estimated to

@@ -68,6 +68,7 @@ def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe
         assert ops["MatMulNBits"] > 0 and embedding["dtype"] == "int8"  # int4 keeps the tied table at 8 bits
         assert ops["GatherBlockQuantized"] == 2 and list(onnx_backend.options["lookup_tables"].values()) == ["int8"]
         assert ops["Transpose"] < ops_float(src)["Transpose"]  # the lm_head's Transpose(W) is gone
+        assert onnx_backend.options["min_onnxruntime"] == "1.21"  # GatherBlockQuantized's `bits` attribute
     if recipe == "int4":  # the MLP's gate / up compensated from calibration's second moment (GPTQ), nothing else
         labels = onnx_backend.options["quantization"]["target"]["tensors"]
         assert "int4/b32/gptq" in labels.values()

@@ -139,6 +139,8 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
                 model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
                                                  accuracy_level=accuracy_level, **tables)
                 options["lookup_tables"] = {**options.get("lookup_tables", {}), table: f"int{ple_bits}"}
+        if layout or options.get("lookup_tables"):  # GatherBlockQuantized's `bits` attribute (onnx_embedding.py)
+            options["min_onnxruntime"] = max(options.get("min_onnxruntime", "0"), "1.21", key=_release)
         if layout:
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
             options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
@@ -232,6 +234,10 @@ def _lookup_tables(model, exclude: str) -> list[str]:
             if name in floats:
                 readers.setdefault(name, set()).add((node.op_type, i))
     return sorted(name for name, uses in readers.items() if uses == {("Gather", 0)})
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
 
 
 def _external_initializer(path: Path, location: str) -> str | None:
