@@ -88,6 +88,7 @@ class Weights:
     ple: int  # of the target's: the per-layer-embedding table (kept at --ple-quant under int8 / int4)
     converted: int  # stored bytes of tensors not already fp32: alive beside their fp32 copies while loading
     stored: str = "fp32"  # the target's weights' dtype in the files (fp32 | bf16 | fp16), "mixed" otherwise
+    moments: int = 0  # int4 calibration's float32 mean x x^T of each weight the adapter compensates (INT4_COMPENSATE)
 
     @property
     def fp32(self) -> int:
@@ -104,14 +105,17 @@ class Weights:
 
 def read_weights(target: Source, drafter: Source) -> Weights:
     """Count from the headers only: the same prefixes the model adapters load (export/models/)."""
-    prefix = target_adapter(target).weight_prefix(target)
-    t = {k: _size(k, v, target.folder) for k, v in tensor_headers(target.folder).items() if k.startswith(prefix)}
+    adapter = target_adapter(target)
+    prefix, headers = adapter.weight_prefix(target), tensor_headers(target.folder)
+    t = {k: _size(k, v, target.folder) for k, v in headers.items() if k.startswith(prefix)}
+    compensated = [v["shape"][-1] for k, v in headers.items() if k.startswith(prefix) and len(v["shape"]) == 2
+                   and any(c in k for c in adapter.INT4_COMPENSATE)]
     d = {k: _size(k, v, drafter.folder) for k, v in tensor_headers(drafter.folder).items()}
     elements = lambda sizes, suffix="": sum(n for k, (n, _) in sizes.items() if k.endswith(suffix))  # noqa: E731
     dtypes = {STORED.get(v["dtype"], "mixed") for k, v in tensor_headers(target.folder).items() if k.startswith(prefix)}
     return Weights(target=elements(t), drafter=elements(d), ple=elements(t, "embed_tokens_per_layer.weight"),
                    converted=sum(n * b for n, b in (*t.values(), *d.values()) if b != 4),
-                   stored=dtypes.pop() if len(dtypes) == 1 else "mixed")
+                   stored=dtypes.pop() if len(dtypes) == 1 else "mixed", moments=sum(4 * k * k for k in compensated))
 
 
 def _size(name: str, entry, folder: Path) -> tuple[int, int]:
@@ -143,7 +147,8 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
         base = max(base, m.base + m.kept * w.fp32)
     quantized = {cfg.quant, cfg.drafter_quant} != {"fp32"}
     later = [("reference", 0), ("check", 0) if cfg.check else None,
-             ("quantize", quantized_bytes(cfg, w)) if quantized else None, ("acceptance", 0)]
+             ("quantize", quantized_bytes(cfg, w) + calibration_bytes(cfg, w)) if quantized else None,
+             ("acceptance", 0)]
     growth = {**GROWTH, "quantize": max(m.quantize({cfg.quant, cfg.drafter_quant}) for m in mems.values())}
     # ONNX Runtime maps a Gather-only table (the PLE table) instead of copying it: only the rest grows these phases
     # (the full-size E2B's acceptance phase peaked at 14.4 GB, where W x (1 + 1.25) would say 40 GiB)
@@ -170,7 +175,7 @@ def anonymous(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
         out[name] = int(fixed * MB + held + growth * grows)
     out["load"] += w.load_extra(dtype)
     if "quantize" in out:
-        out["quantize"] += quantized_bytes(cfg, w)
+        out["quantize"] += quantized_bytes(cfg, w) + calibration_bytes(cfg, w)
     else:  # fp32 graphs: the runtime's sessions prepack their weights
         out["acceptance"] = rss["acceptance"]
     return {name: min(rss[name], anon) for name, anon in out.items()}
@@ -191,6 +196,11 @@ def quantized_bytes(cfg, w: Weights) -> int:
     """Bytes of the weights under the recipe, the PLE table at --ple-quant under int8 / int4."""
     ple = cfg.ple_quant if cfg.quant.startswith("int") else cfg.quant
     return final_bytes(cfg, w) + int(w.ple * _per_weight(cfg, ple))
+
+
+def calibration_bytes(cfg, w: Weights) -> int:
+    """int4's calibration moments, alive through the quantize phase (the full-size E2B: 0.6 GiB for gate / up)."""
+    return w.moments if cfg.quant == "int4" else 0
 
 
 def _per_weight(cfg, recipe: str) -> float:

@@ -92,6 +92,8 @@ def test_header_counts_equal_the_loaded_models(tiny_checkpoints):
     assert w.target == count(loaded_t) - loaded_t.lm_head.weight.numel()  # tied: stored once
     assert w.drafter == count(loaded_d) - loaded_d.lm_head.weight.numel()
     assert w.ple == loaded_t.model.embed_tokens_per_layer.weight.numel() and w.converted < w.fp32
+    widths = [m.in_features for name, m in loaded_t.named_modules() if name.endswith(("gate_proj", "up_proj"))]
+    assert widths and w.moments == sum(4 * k * k for k in widths)  # int4's calibration moments (INT4_COMPENSATE)
 
 
 def _weights(scale: int = 1, stored_bf16: bool = False) -> preflight.Weights:
@@ -106,6 +108,15 @@ def _plan(backend=("onnx",), quant="fp32", ple_quant="int8", check=True):
     """What phases() reads of an ExportConfig, without the extras a LiteRT ExportConfig requires."""
     return SimpleNamespace(backend=backend, quant=quant, drafter_quant=quant, ple_quant=ple_quant, check=check,
                            block_size=32)
+
+
+def test_int4_counts_its_calibration_moments_in_the_quantize_phase(tmp_path, tiny_checkpoints):
+    target, drafter = _sources(tiny_checkpoints)
+    w = preflight.read_weights(target, drafter)
+    rtn, int4 = (preflight.anonymous(_cfg(tmp_path, tiny_checkpoints, quant=q), w) for q in ("int4-rtn", "int4"))
+    assert w.moments > 0 and int4["quantize"] - rtn["quantize"] == w.moments
+    assert preflight.phases(_cfg(tmp_path, tiny_checkpoints, quant="int4"), w)["quantize"] - \
+        preflight.phases(_cfg(tmp_path, tiny_checkpoints, quant="int4-rtn"), w)["quantize"] == w.moments
 
 
 def test_estimate_grows_with_parameters():
