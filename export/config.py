@@ -14,7 +14,7 @@ from mtpkit.runtime.roles import BACKENDS
 
 log = logging.getLogger("mtpkit")
 
-# "none" is accepted as fp32 (the earlier name). int8-dynamic: per-channel int8 weights, activations quantized at
+# "none" is accepted as an alias of fp32. int8-dynamic: per-channel int8 weights, activations quantized at
 # run time (ONNX Runtime's quantize_dynamic; on LiteRT the same graphs as int8, which is dynamic-range already)
 # int4: searched scales with calibration, sensitive tensors at 8 bits; int4-rtn: round-to-nearest (export/int4.py)
 QUANT_RECIPES = ("fp32", "fp16", "int8", "int4", "int4-rtn", "int8-dynamic")
@@ -49,7 +49,7 @@ class ExportConfig:
     prefill_len: int | None = None  # LiteRT: static prefill chunk (prompts padded / chunked); None: 128 or capacity
     max_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
     memory_budget: float | None = None  # GiB the export may use at its peak (preflight.py); None: MemAvailable
-    dtype: str = "auto"  # the target's weights while exporting: the checkpoint's own dtype, or fp32 | bf16 | fp16
+    dtype: str = "auto"  # target weights while exporting: fp32 | bf16 | fp16; auto: fp32 if it fits, else as stored
     calibration: Path | None = None  # int4's calibration prompts (.jsonl); None: the built-in set (calibration.py)
 
     def __post_init__(self):

@@ -10,11 +10,12 @@ e.g. what fusion and int8 weights buy on the trained tiny pair (docs/performance
     mtpkit export $PAIR/target --drafter $PAIR/drafter --out fused-int8 --quant int8
     python -m mtpkit.export.graph_bench plain fused fused-int8
 
-Sessions are the runtime's own (runtime/backends/onnx.py OrtSession.open) with 1 intra-op thread. `floor` is
-the time of the target's weight MatMuls alone (same weights, run back to back): on CPU a decode call cannot get
-below it by fusing the other ops, because streaming fp32 weights from memory is what it measures. `fixed` is a
-session run with the decode call's feeds and as many outputs that computes nothing (Identity nodes): the cost
-of a run call itself. What fusion can still shrink is decode - floor - fixed (`rest`, printed per export).
+Sessions are the runtime's own (runtime/backends/onnx.py OrtSession.open) with 1 intra-op thread (the baseline's
+decode and draft sessions: --baseline-threads). `floor` is the time of the target's weight MatMuls alone (same
+weights, run back to back): on CPU a decode call cannot get below it by fusing the other ops, because streaming
+fp32 weights from memory is what it measures. `fixed` is a session run with the decode call's feeds and as many
+outputs that computes nothing (Identity nodes): the cost of a run call itself. What fusion can still shrink is
+decode - floor - fixed (`rest`, printed per export).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Recipes (`--quant`):
   error is compensated on the columns not yet encoded (GPTQ). Mixed precision: the tensors the adapter names in
   `INT4_KEEP_8BIT` (measured by `tools/int4_sensitivity.py`: for Gemma 4 the tied embedding / lm_head table and
   attention q, k, v and o) keep 8 bits, and so does the per-layer-embedding path unless `--ple-quant int4`.
-- `int4-rtn`: round-to-nearest, kept for comparison as each backend wrote it before: on LiteRT this encoder with
+- `int4-rtn`: round-to-nearest, each backend's plain encoding, kept for comparison: on LiteRT this encoder with
   the absmax / 7 scale alone, the per-layer-embedding path at 8 bits; on ONNX, ONNX Runtime's own packing (scale:
   the block's signed extreme / -8) of every MatMul, per-layer projections included, the PLE table at 8 bits.
 """

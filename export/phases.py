@@ -4,7 +4,7 @@ The peak is the larger of two Linux figures, since each misses what the other se
 (VmHWM in /proc/self/status, reset per phase by writing "5" to /proc/self/clear_refs), which the kernel updates
 only when memory is unmapped, and a thread sampling VmRSS every 20 ms, which misses short spikes. Without /proc
 (macOS) it is ru_maxrss, the process's peak so far: an upper bound. A child's peak (RUSAGE_CHILDREN) is added
-when it grew during the phase; no exporter spawns one today (litert-torch's export_hf converts in-process).
+when it grew during the phase; no exporter spawns one (litert-torch's export_hf converts in-process).
 The reset also lowers what getrusage and time(1) report for the process: read its peak from PhaseLog instead.
 
 The sampler also records the peak of RssAnon: memory the kernel cannot reclaim (the OOM killer's measure). The

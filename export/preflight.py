@@ -1,5 +1,7 @@
-"""Memory preflight: the export's peak resident memory, estimated from the checkpoints' headers before any weight
-is loaded, and a one-line refusal when it exceeds the memory available (MemAvailable, or --memory-budget).
+"""Memory preflight: the export's peak resident and anonymous memory, estimated from the checkpoints' headers before
+any weight is loaded, and a one-line refusal when the anonymous peak (what cannot be paged out) exceeds the memory
+available (MemAvailable, or --memory-budget); a resident peak above it only logs that mapped pages will be handed
+back.
 
 The model (bytes; W = the target's text weights + the drafter's at 4 bytes per parameter, H = the same weights as
 the exporter holds them: the target in --dtype, the drafter in fp32):
@@ -9,17 +11,18 @@ the exporter holds them: the target in --dtype, the drafter in fp32):
     peak = max over the phases this export runs
 
 base and the growth of a backend's own phases (its graphs, its quantization) are that backend's MEMORY
-(export/backends/<kind>.py ExportMemory); the other phases' growth is GROWTH below.
+(export/backends/<kind>.py ExportMemory); the other phases' growth is GROWTH below. In the phases that open ONNX
+Runtime sessions W leaves out the per-layer-embedding table (mapped, not copied); a quantized export's acceptance
+phase grows by its final weights x GROWTH or QUANTIZED_RESIDUE x W, the larger.
 
 `--dtype auto` holds the target in fp32 when that fits the budget (PyTorch's phases run fastest), else in the
 checkpoint's own dtype (bf16 on the hub: half the bytes, the same graphs).
 
-Bases and growths were measured with export/phases.py (the larger of VmHWM and a 20 ms VmRSS sampler, per phase) on
-the tiny fixtures: `mtpkit make-tiny --shape e2b` (weights ~3.5 MB: base) and `--shape e2b-wide` (0.15 B
-parameters, W = 0.57 GiB: growth = (measured peak - base) / W - 1), on a 2-core Linux machine (torch 2.13,
-onnxruntime, litert-torch 0.10). Figures and commands: docs/export-memory.md. Extrapolation to E2B (4.7 B text and
-drafter parameters, W = 17.5 GiB) is UNMEASURED: each phase's copies are assumed to scale with W, its fixed costs
-not to grow, and ONNX graphs over 2 GB (external data) to cost what small ones do.
+Bases and growths are measured with export/phases.py (the larger of VmHWM and a 20 ms VmRSS sampler, per phase) on
+the tiny fixtures: `mtpkit make-tiny --shape e2b` (base) and `--shape e2b-wide` (W = 0.57 GiB: growth = (measured
+peak - base) / W - 1). At full size (E2B: W = 17.5 GiB) each phase's copies are assumed to scale with W and its
+fixed costs not to grow; a backend's anonymous figures (ExportMemory.anonymous) are fitted through full-size
+exports too. Figures and commands: docs/export-memory.md.
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ from .phases import MB, human_bytes
 log = logging.getLogger("mtpkit")
 
 GB = 1 << 30  # --memory-budget is in GiB, like every size mtpkit prints
-# Extra copies of W at each phase's peak beyond the model itself; e2b-wide's measured peak in MiB (W = 580.5). Each
-# backend's own phases (graphs, quantize) and its base are its MEMORY (export/backends/<kind>.py).
+# Extra copies of W at each phase's peak beyond the model itself; e2b-wide's measured peak in MiB (W = 580.5;
+# docs/export-memory.md, "The estimate"). Each backend's own phases (graphs, quantize) and its base are its MEMORY
+# (export/backends/<kind>.py).
 GROWTH = {
     "load": 0.0,  # the model takes the read tensors over (assign=True); + the stored copy of converted files
     #               (bf16 file held fp32: 1263 = base + W + the bf16 copy; held as stored: mmapped, read lazily: 397)
@@ -55,11 +59,12 @@ GROWTH = {
     "acceptance": 1.25,
 }
 # What the quantize phase leaves resident (the allocator keeps freed pages) under the acceptance phase's quantized
-# graphs, in W: e2b-wide int4's acceptance measured 1352 MiB, base + model + 0.3 W
+# graphs, in W (e2b-wide int4 acceptance: 1352 MiB = base + model + 0.3 W, docs/export-memory.md)
 QUANTIZED_RESIDUE = 0.3
 # The export's resident set is held under this share of the budget by handing back mapped checkpoint and graph pages
 # (clean, re-read when needed) as it passes it: what it leaves is the page cache's and the rest of the machine's.
-# E4B's float graph check otherwise holds the 16 GB float decoder beside the checkpoint's last pages (22.3 GiB).
+# Uncapped, E4B's float graph check holds the 16 GB float decoder beside the checkpoint's last pages (22.3 GiB,
+# docs/scale-bench.md).
 RESIDENT_SHARE = 0.85
 # Stored bytes per weight; the blockwise recipes add one fp32 scale per block (int8-dynamic: one per output channel)
 BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "int4-rtn": 0.5, "int8-dynamic": 1}
@@ -151,7 +156,7 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
              ("acceptance", 0)]
     growth = {**GROWTH, "quantize": max(m.quantize({cfg.quant, cfg.drafter_quant}) for m in mems.values())}
     # ONNX Runtime maps a Gather-only table (the PLE table) instead of copying it: only the rest grows these phases
-    # (the full-size E2B's acceptance phase peaked at 14.4 GB, where W x (1 + 1.25) would say 40 GiB)
+    # (full-size E2B acceptance: 14.4 GB, not the 40 GiB of W x (1 + 1.25); docs/export-memory.md)
     grows = {name: w.fp32 - (4 * w.ple if name in SESSION_PHASES else 0) for name in growth}
     out.update({name: int(base + held + grows[name] * growth[name] + extra) for name, extra in filter(None, later)})
     if quantized:  # the acceptance phase runs the quantized graphs: their weights, or what quantizing left, grow it
@@ -182,8 +187,9 @@ def anonymous(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
 
 
 def held_dtype(cfg, w: Weights, budget: int | None) -> str:
-    """--dtype, resolved: auto holds the target in fp32 when that export fits the budget (PyTorch runs fastest
-    on fp32: e2b-wide's reference took 48 s against 139 s held bf16), else in its stored dtype."""
+    """--dtype, resolved: auto holds the target in fp32 when that export's resident peak fits the budget (or the
+    budget is unknown), since PyTorch runs fastest on fp32 (e2b-wide's reference: 48 s vs 139 s held bf16,
+    docs/export-memory.md); else in its stored dtype (fp32 when that is mixed)."""
     if cfg.dtype != "auto":
         return cfg.dtype
     stored = w.stored if w.stored in HELD_BYTES else "fp32"
@@ -271,7 +277,8 @@ def available_bytes() -> int | None:
 
 
 def check(cfg, target: Source, drafter: Source) -> Estimate:
-    """Estimate the export's peak and refuse it, in one line, when it exceeds the budget; logs the estimate."""
+    """Estimate the export's peaks and refuse it, in one line, when the anonymous peak exceeds the budget; logs the
+    estimate, and a resident peak above the budget as mapped pages to be handed back."""
     w = read_weights(target, drafter)
     budget = None if cfg.memory_budget is None else int(cfg.memory_budget * GB)
     source = "--memory-budget" if budget is not None else "MemAvailable"
@@ -307,7 +314,7 @@ def _refusal(cfg, w: Weights, estimate: Estimate) -> str:
 
 
 def alternatives(cfg, w: Weights, dtype: str = "fp32") -> list[tuple[tuple[str, ...], int]]:
-    """(flags, estimated anonymous peak) of the exports one or two flags away from cfg (only the first backend,
+    """(flags, estimated anonymous peak) of the exports one to three flags away from cfg (only the first backend,
     another --quant, the target held in its stored bf16/fp16 instead of fp32), fewest changes first, then smallest.
     --no-check is no option: the acceptance phase loads the graphs anyway."""
     options = []

@@ -6,11 +6,11 @@ the same store-layer K/V. Logits: 1e-4 max abs in fp32, or NOISE_FACTOR times Py
 (the same forward with every Linear output moved by up to one fp32 ulp, seeded) when that is larger; every argmax
 agrees, or the reference's two candidates lie within that tolerance (a near-tie).
 
-Why the noise floor: a deep model with random weights amplifies fp32 rounding. On the full-size random E2B
-(35 layers, 600 tokens, logits up to 4.6), one ulp of jitter moved PyTorch's logits by 0.20 and ONNX Runtime's
-differ by 0.32; a fixed 1e-4 can only fail there, while on the tiny and trained models the floor is far below 1e-4
-and 1e-4 stays the bar. (Re-running PyTorch at another thread count measured this only when MKL happened to
-block the sums differently: 0.11 in one E2B run, exactly 0 in the next.)
+Why the noise floor: a deep model with random weights amplifies fp32 rounding, so on the full-size random E2B a
+fixed 1e-4 can only fail (ONNX Runtime vs PyTorch: 0.32 on 600-token prefill logits, docs/scale-bench.md), while
+on the tiny and trained models the floor is far below 1e-4 and 1e-4 stays the bar. The noise is measured by
+jitter, not by re-running PyTorch at another thread count, which moves the sums only when MKL happens to block
+them differently.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from mtpkit.errors import MtpkitError
 from .mapped import CHECKPOINT, GRAPHS, page_out
 
 ATOL = 1e-4
-# ONNX Runtime vs PyTorch may differ this many times PyTorch vs its jittered self: on the random full-size E2B
-# (600 tokens) the ratio was 1.6 on logits (0.323 vs 0.202) and on the final hidden states (0.317 vs 0.196)
+# ONNX Runtime vs PyTorch may differ this many times PyTorch vs its jittered self (random full-size E2B, 600
+# tokens: 1.6x on logits and on final hidden states; docs/scale-bench.md, "E2B itself")
 NOISE_FACTOR = 4
 JITTER = 2.0 ** -23  # relative: one fp32 ulp, what a different summation order costs a Linear's output
 

@@ -32,9 +32,11 @@ def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **opti
                              drafter's num_assistant_tokens), each capped by the KV capacity when not given
       target_revision=None, drafter_revision=None     hub revisions
       memory_budget=None     GiB the export may use at its peak (default: MemAvailable); an export estimated to
-                             need more raises MemoryBudgetError before any weight loads (docs/export-memory.md)
-      dtype="auto"           what the target's weights are held in while exporting: the checkpoint's own
-                             dtype, or "fp32" / "bf16" / "fp16" (the graphs are the same: weights upcast exactly)
+                             need more anonymous memory raises MemoryBudgetError before any weight loads
+                             (docs/export-memory.md)
+      dtype="auto"           what the target's weights are held in while exporting: "fp32" / "bf16" / "fp16", or
+                             auto: fp32 when the memory preflight says it fits, else the checkpoint's own dtype
+                             (the graphs are the same: weights upcast exactly)
     Needs the [export] extra (torch, transformers).
     """
     from mtpkit.extras import require

@@ -1,9 +1,9 @@
 """The MtpkitError family: failures the user can fix (bad input, broken or foreign files, a busy or full disk).
 
 The CLI prints any of these as one line and exits 2. Any other exception is a bug in mtpkit: the CLI keeps its
-traceback and asks for a report. Most classes also derive from the builtin that callers caught before the
-family existed (ValueError, ImportError, ...), so `except ValueError` keeps working. Standard library only:
-the runtime-only install imports this module.
+traceback and asks for a report. Most classes also derive from the builtin a caller would catch for them
+(ValueError, ImportError, ...), so `except ValueError` catches them too. Standard library only: the runtime-only
+install imports this module.
 """
 
 from __future__ import annotations

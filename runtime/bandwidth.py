@@ -10,8 +10,8 @@ fast the cores can stream memory, not by arithmetic. Two independent methods:
   to the thread count, the same access pattern as a decode's weight MatMuls. A cross-check: BLAS threading can
   only be set before numpy loads, hence the child.
 
-The buffer must be much larger than the last-level cache, or the figure is the cache's (lscpu reports 480 MiB of
-L3 on the development VM, shared with the host's other tenants): the default is 2 GiB. It is filled with ones,
+The buffer must be much larger than the last-level cache, or the figure is the cache's (a VM's lscpu may report a
+host-wide L3: 480 MiB on docs/scale-bench.md's machine): the default is 2 GiB. It is filled with ones,
 not zeros, since untouched zero pages all map one physical page and would read from cache. The best of
 `repeats` passes is reported (other processes only ever slow a pass down); the median is kept beside it.
 """

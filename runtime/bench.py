@@ -201,7 +201,8 @@ def _filled(acceptance: list) -> list[float]:
 
 
 def _spec_columns(spec: list[Stats], plain_ms: float) -> dict:
-    """The speculative column (auto by default) as the bench has always reported it, plus the k it used."""
+    """The speculative column (auto by default): its ms/token, speed-up over plain, acceptance and calls, plus the
+    mean k it used and its plain rounds."""
     s_ms = statistics.median(ms_per_token(s) for s in spec)
     last = spec[-1].summary()
     rounds = max(1, last["target_calls"] - 1)  # decode-phase target calls: one per round, plain rounds included

@@ -22,8 +22,8 @@ from .tokenizer import TextCodec
 class GenConfig:
     max_new_tokens: int = 64
     mtp: bool = True  # False: plain decoding on the same target graph
-    # k per round, or "auto": chosen each round by the cost model. None: auto when schedule is None too, else the
-    # drafter's generation_config value from the manifest (so `--schedule heuristic` alone behaves as before)
+    # k per round, or "auto": chosen each round by the cost model. None: auto when schedule is None too (unless
+    # sampling is seeded, see auto), else the drafter's generation_config value from the manifest
     num_assistant_tokens: int | str | None = None
     schedule: str | None = None  # constant | heuristic | auto; None: auto unless a k is given, then the manifest's
     draft_cap: int = 16  # upper bound for the heuristic schedule

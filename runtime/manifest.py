@@ -16,9 +16,9 @@ from .roles import BACKENDS, ROLES
 from .schema import check_manifest
 from .verified import VerifiedFiles, sha256_file  # noqa: F401  (sha256_file: the exporters' import)
 
-# 2: ONNX KV outputs renamed new.{i}.key/value (role new_key/new_value; they hold only the T new entries, unlike
+# 2: ONNX KV outputs named new.{i}.key/value (role new_key/new_value; they hold only the T new entries, unlike
 #    optimum's present.*), drafter store inputs tagged store_key/store_value with layer_type, target hidden
-#    states tagged activations, the shared embedding moved into backends.onnx.options, hf_files added.
+#    states tagged activations, the shared embedding in backends.onnx.options, hf_files.
 SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 

@@ -1,10 +1,10 @@
 """sha256 of export files, remembered per user so that an unchanged file is not hashed at every start.
 
-Hashing an E2B export (4.4 GB) takes 3-8 s per `mtpkit run`, half the start-up. A record is keyed by the file's
-real path and stamped with (device, inode, size, mtime_ns, ctime_ns): any write to the file, a rename over it or
-a `touch -d` that restores mtime changes ctime, which only the kernel sets, so a stamp that matches means the
-bytes hashed then are the bytes there now. As in git's "racy" check, a file modified in the last
-RACY_SECONDS is hashed but not recorded (timestamps tick at a few milliseconds). Stored in
+Hashing an E2B export (4.4 GB) costs 3-8 s per `mtpkit run`, up to half the start-up (docs/performance.md). A
+record is keyed by the file's real path and stamped with (device, inode, size, mtime_ns, ctime_ns): any write to
+the file, a rename over it or a `touch -d` that restores mtime changes ctime, which only the kernel sets, so a
+stamp that matches means the bytes hashed then are the bytes there now. As in git's "racy" check, a file modified
+in the last RACY_SECONDS is hashed but not recorded (timestamps tick at a few milliseconds). Stored in
 $MTPKIT_CACHE_DIR, else $XDG_CACHE_HOME/mtpkit, else ~/.cache/mtpkit (verified.json); a missing, unreadable or
 corrupt record file means hashing everything, and a read-only one is left alone.
 """

@@ -1,6 +1,7 @@
-"""Per-call costs of any backend of an export, through mtpkit's runtime (the Target / Drafter protocols), and the
-cost model's predicted speed-up with a given acceptance profile. For LiteRT exports, whose graphs
-tools/scale_bench.py (ONNX graph sessions) does not time. Not run in CI.
+"""Per-call costs of a static-shape backend of an export (LiteRT), through mtpkit's runtime (the Target / Drafter
+protocols), and the cost model's predicted speed-up with a given acceptance profile: the graphs tools/scale_bench.py
+(ONNX graph sessions) does not time. The verify lengths come from the target's static max_draft, which an ONNX
+target has not, so an export whose first backend is ONNX needs --backend litert. Not run in CI.
 
     .venv/bin/python tools/call_costs.py EXPORT [--backend litert] [--threads N] [--past 256] [--rounds 5]
         [--acceptance-from PAIR_EXPORT | --acceptance 0.4,0.3,...] [--json out.json]

@@ -1,13 +1,13 @@
 """LiteRT-LM on an export's model.litertlm against mtpkit's LiteRT backend on the same graphs.
 
-    python tools/litert_lm_check.py EXPORT [--max-new-tokens 32] [--threads 2] [--json FILE]
+    python tools/litert_lm_check.py EXPORT [--max-new-tokens 32] [--threads N] [--json FILE]
 
 For each of three prompts: LiteRT-LM's greedy text with speculative decoding off and on, and mtpkit's LiteRT
 backend's greedy text (plain and speculative, k = the drafter's default) on the export's .tflite files. Reports
 whether LiteRT-LM says the bundle supports speculative decoding, whether its drafter section ran (its own log),
 whether every text agrees (over the common length: LiteRT-LM may stop a draft round past the others) and how many
-are identical, and the
-wall time per token of each call (prefill included). Exits 1 when any check fails. Needs the litert extra.
+are identical, and each call's wall time (prefill included) over --max-new-tokens. --threads defaults to all cores.
+Exits 1 when any check fails. Needs the litert extra.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Scale benchmark of one ONNX export: per-call latency against the memory-bandwidth bound, the cost model's
-speed-up per draft length, and what the export itself cost (issue 14, points 2 and 3). Not run in CI.
+speed-up per draft length, and what the export itself cost. Not run in CI.
 
     .venv/bin/python tools/scale_bench.py EXPORT_DIR [--acceptance-from PAIR_EXPORT | --acceptance 0.4,0.6,...]
         [--past 256] [--rounds 5] [--calls 10] [--threads N] [--out report.md] [--json report.json]

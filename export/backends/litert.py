@@ -43,7 +43,7 @@ MEMORY = ExportMemory(
     # (fixed MiB, growth in W) per phase, fitted to two --backend litert --quant int4 exports: e2b-wide (W = 580
     # MiB, held fp32) and the full-size random E2B (W = 17954 MiB, held bf16 as stored); quantize, net of the
     # quantized weights the preflight adds, through e2b-wide and the full-size E4B under the calibrated int4 (W =
-    # 28770 MiB: 12.6 GiB measured and now estimated; int4-rtn had 11.3). docs/scale-bench.md, "LiteRT at full size"
+    # 28770 MiB, 12.6 GiB anonymous). docs/scale-bench.md, "LiteRT at full size"
     anonymous={"load": (275, 0.017), "litert graphs": (602, 0.057), "reference": (395, 0.217), "check": (249, 0.538),
                "quantize": (504, 0.336), "acceptance": (437, 0.445)},
     anonymous_recipes=frozenset({"int8", "int4", "int4-rtn"}))

@@ -1,14 +1,14 @@
 """LiteRT graphs without holding the model: convert a weightless graph, then graft the weights in, streamed.
 
 litert-torch converts a module whose weights are constants into a flatbuffer that holds them all, several times
-over while it converts (4.3 W measured). Here the converter sees every weight as a signature input instead
-(`weights_as_inputs`: the module's parameters on the meta device, the inputs `torch.empty`, never touched), so the
-converted graph is a few MB at any size. `graft` then turns each weight input into a constant: it writes the
+over while it converts (4.3 W, docs/export-memory.md). Here the converter sees every weight as a signature input
+instead (`weights_as_inputs`: the module's parameters on the meta device, the inputs `torch.empty`, never touched),
+so the converted graph is a few MB at any size. `graft` then turns each weight input into a constant: it writes the
 flatbuffer first, with every weight's buffer at an offset after it (LiteRT's large-model layout, which LiteRT and
 LiteRT-LM load at any size), and streams the weights behind it, a block of rows at a time, encoded as they are
 written: float32, float16, int8 channelwise or int4 blockwise, the layouts ai-edge-quantizer writes (dynamic range:
-float activations, quantized weights). The same function re-encodes a grafted file (float -> int8) reading the
-float weights from that file's memory map, so one float export serves every recipe.
+float activations, quantized weights). The same function re-encodes a grafted file (float -> fp16 / int8 / int4)
+reading the float weights from that file's memory map, so one float export serves every recipe.
 """
 
 from __future__ import annotations

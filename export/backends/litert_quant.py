@@ -30,7 +30,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     recipe. The KV cache and every signature's inputs/outputs stay float (weights-only recipes).
 
     The layouts are ai-edge-quantizer's (the same int8 bytes as its dynamic_wi8_afp32), written by mtpkit so that
-    no pass holds the whole flatbuffer (ai-edge-quantizer's held 3x the float model):
+    no pass holds the whole flatbuffer (ai-edge-quantizer's holds 3x the float model, docs/export-memory.md):
     fp16: the FULLY_CONNECTED / EMBEDDING_LOOKUP weights in float16, each read through a DEQUANTIZE;
     int8: int8 channelwise weights, float activations quantized by the kernel at run time;
     int4 / int4-rtn: int4 blockwise weights with float16 scales for FULLY_CONNECTED and EMBEDDING_LOOKUP, the ops

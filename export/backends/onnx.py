@@ -47,10 +47,10 @@ STREAMED = frozenset({"fp32", "int8", "int4", "int4-rtn"})  # quantized tensor b
 
 
 def _quantize_growth(recipes: set) -> float:
-    """The quantize phase in W (e2b-wide, MiB): the float graphs loaded again and quantized beside them, then
-    measured (int4 loading the graph whole: 2321); int8 / int4 packed tensor by tensor from the float graph's mapped
-    data (onnx_stream.py) while the float graphs run unpacked for the reference figures (int4: 1787).
-    int8-dynamic's quantize_dynamic reads its own shape-inferred copy of the float graph: 1.1 W more (3010)."""
+    """The quantize phase's growth in W for `recipes` (e2b-wide peaks in MiB, docs/export-memory.md): 1.0 when every
+    recipe is packed tensor by tensor from the float graph's mapped data (onnx_stream.py) beside the unpacked float
+    sessions (int4: 1787); 1.8 when one loads the float graph whole and quantizes beside it (int4 so: 2321); 1.1 W
+    more for int8-dynamic, whose quantize_dynamic reads its own shape-inferred copy of the float graph (3010)."""
     growth = 1.0 if recipes <= STREAMED else 1.8
     return max(growth, 1.8 + 1.1) if "int8-dynamic" in recipes else growth
 
