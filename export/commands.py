@@ -53,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--accuracy-level", type=int, default=4, choices=range(5), metavar="0-4",
                    help="ONNX MatMulNBits accuracy level: 4 = int8 activations, fastest on CPU (default 4)")
     p.add_argument("--no-fuse", dest="fuse", action="store_false",
-                   help="ONNX graphs of standard ops only, for runtimes older than ONNX Runtime 1.20 (about 1.4x "
-                        "slower per decode call; docs/performance.md)")
+                   help="ONNX graphs of standard ops only, for runtimes older than ONNX Runtime 1.20 (slower per decode "
+                        "call: docs/performance.md, section 0)")
     p.add_argument("--no-quality-gate", dest="quality_gate", action="store_false",
                    help="warn instead of failing when a quantized graph misses its recipe's fidelity gate")
     p.add_argument("--target-revision", help="hub revision of the target")

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=100, help="calls per kind and round (default 100)")
     p.add_argument("--baseline-threads", type=int, default=1, metavar="N",
                    help="intra-op threads of the baseline's decode and draft sessions (default 1, as every other "
-                        "session here); e.g. all cores, the thread default before issue 11, to compare default "
+                        "session here); e.g. all cores, the runtime's older default, to compare default "
                         "against default")
     args = p.parse_args(argv)
     if args.baseline_threads < 1:

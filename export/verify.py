@@ -26,7 +26,7 @@ from .mapped import CHECKPOINT, GRAPHS, page_out
 
 ATOL = 1e-4
 # ONNX Runtime vs PyTorch may differ this many times PyTorch vs its jittered self (random full-size E2B, 600
-# tokens: 1.6x on logits and on final hidden states; docs/scale-bench.md, "E2B itself")
+# tokens: 1.6x on logits and on final hidden states; docs/scale-bench.md, "Full-size exports")
 NOISE_FACTOR = 4
 JITTER = 2.0 ** -23  # relative: one fp32 ulp, what a different summation order costs a Linear's output
 

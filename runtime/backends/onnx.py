@@ -59,7 +59,7 @@ class OrtSession:
       own decode / draft call when the export is opened (pick_threads). Small graphs lose more to waking pool
       threads for every op than they gain; large ones gain.
     - spinning off: with spinning on, the idle session's pool keeps spinning while the other session runs and
-      the two fight for cores (2.2x slower speculative decoding on a 2-core machine, docs/performance.md).
+      the two fight for cores (docs/performance.md, section 1).
     - inter-op 1, sequential execution: the graphs are one chain of ops; target and drafter never overlap.
     - no IOBinding: the graphs return only the new K/V entries (T rows), which the host writes into its
       preallocated buffers; past windows are passed as numpy views, so there is no large copy to save.
