@@ -342,6 +342,17 @@ def test_command_lines_match_the_cli(path, options):
     assert not problems, "\n".join(problems)
 
 
+def unindexed_pages(root: Path = ROOT) -> list[str]:
+    """Pages under docs/ that docs/README.md (the index) does not link to."""
+    index = root / "docs" / "README.md"
+    linked = {(index.parent / target.split("#")[0]).resolve() for _, target in links(index.read_text())}
+    return [_rel(p) for p in sorted((root / "docs").rglob("*.md")) if p != index and p.resolve() not in linked]
+
+
+def test_the_docs_index_lists_every_page():
+    assert not unindexed_pages(), f"docs/README.md does not link to: {unindexed_pages()}"
+
+
 def test_manifest_reference_lists_every_field():
     problems = check_manifest_page(MANIFEST_PAGE, manifest_fields())
     assert not problems, "\n".join(problems)
