@@ -221,6 +221,21 @@ def test_litert_accepts_quantized_recipes(tmp_path):
     assert cfg.backend == ("litert",) and (cfg.quant, cfg.drafter_quant) == ("int4", "int8")
 
 
+def verified_rows_differing(folder, backend: str, trials: int = 8, k: int = 4) -> int:
+    """Logit rows of verify calls (k + 1 tokens) that differ, in any bit, from the same tokens decoded one at a time
+    at the same positions: 0 means speculation cannot change a greedy token, not even at a near-tie."""
+    target = Engine(folder, backend=backend).target
+    rng, vocab, differing = np.random.default_rng(0), load_manifest(folder).model["vocab_size"], 0
+    for trial in range(trials):
+        prompt = [2, *rng.integers(3, vocab, 20 + trial).tolist()]
+        target.forward(prompt, 0)
+        tokens = rng.integers(3, vocab, k + 1).tolist()
+        verified = target.forward(tokens, len(prompt))[0][-(k + 1):]
+        decoded = [target.forward([t], len(prompt) + j)[0][-1] for j, t in enumerate(tokens)]  # rewind: position
+        differing += sum(not np.array_equal(v, d) for v, d in zip(verified, decoded))
+    return differing
+
+
 def test_a_4_bit_ple_table_on_litert_only_when_asked(float_export, tmp_path_factory):
     """--ple-quant int4 on LiteRT: the per-layer embedder and the target's per-layer projections at 4 bits,
     recorded; the graphs run and speculation stays lossless on them."""
@@ -230,11 +245,14 @@ def test_a_4_bit_ple_table_on_litert_only_when_asked(float_export, tmp_path_fact
     assert lite.graphs["per_layer_embedder"].recipe == "int4"
     target = lite.options["quantization"]["target"]["tensors"]
     assert {e for name, e in target.items() if name.endswith("per_layer_projection.weight")} == {"int4/b32"}
-    eight = load_manifest(quant_report.derive_quantized(float_export, tmp_path_factory.mktemp("litert_ple8"),
-                                                        ("int4", "int4"), 32)).backend("litert")
+    eight_folder = quant_report.derive_quantized(float_export, tmp_path_factory.mktemp("litert_ple8"),
+                                                 ("int4", "int4"), 32)
+    eight = load_manifest(eight_folder).backend("litert")
     assert lite.graphs["per_layer_embedder"].bytes < 0.7 * eight.graphs["per_layer_embedder"].bytes
     labels = eight.options["quantization"]["target"]["tensors"]  # gate / up compensated (GPTQ), the rest not
     assert {e for n, e in labels.items() if n.endswith(("gate_proj.weight", "up_proj.weight"))} == {"int4/b32/gptq"}
     assert {e for n, e in labels.items() if n.endswith("down_proj.weight")} == {"int4/b32"}
+    # XNNPACK quantizes activations per row and accumulates in integers: int4 verify rows equal decodes bit for bit
+    assert verified_rows_differing(eight_folder, "litert") == 0
     ids = PROMPTS[1]
     assert greedy(folder, ids, mtp=True) == greedy(folder, ids, mtp=False)
