@@ -117,7 +117,7 @@ def read_weights(target: Source, drafter: Source) -> Weights:
                    and any(c in k for c in adapter.INT4_COMPENSATE)]
     d = {k: _size(k, v, drafter.folder) for k, v in tensor_headers(drafter.folder).items()}
     elements = lambda sizes, suffix="": sum(n for k, (n, _) in sizes.items() if k.endswith(suffix))  # noqa: E731
-    dtypes = {STORED.get(v["dtype"], "mixed") for k, v in tensor_headers(target.folder).items() if k.startswith(prefix)}
+    dtypes = {STORED.get(v["dtype"], "mixed") for k, v in headers.items() if k.startswith(prefix)}
     return Weights(target=elements(t), drafter=elements(d), ple=elements(t, "embed_tokens_per_layer.weight"),
                    converted=sum(n * b for n, b in (*t.values(), *d.values()) if b != 4),
                    stored=dtypes.pop() if len(dtypes) == 1 else "mixed", moments=sum(4 * k * k for k in compensated))

@@ -24,6 +24,7 @@ from typing import Callable, ContextManager
 import numpy as np
 import torch
 
+from mtpkit.runtime.backends.onnx import release
 from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Manifest, Signature, TensorSpec, sha256_file
 
 from .. import int4
@@ -140,7 +141,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
                                                  accuracy_level=accuracy_level, **tables)
                 options["lookup_tables"] = {**options.get("lookup_tables", {}), table: f"int{ple_bits}"}
         if layout or options.get("lookup_tables"):  # GatherBlockQuantized's `bits` attribute (onnx_embedding.py)
-            options["min_onnxruntime"] = max(options.get("min_onnxruntime", "0"), "1.21", key=_release)
+            options["min_onnxruntime"] = max(options.get("min_onnxruntime", "0"), "1.21", key=release)
         if layout:
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
             options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
@@ -234,10 +235,6 @@ def _lookup_tables(model, exclude: str) -> list[str]:
             if name in floats:
                 readers.setdefault(name, set()).add((node.op_type, i))
     return sorted(name for name, uses in readers.items() if uses == {("Gather", 0)})
-
-
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split("."))
 
 
 def _external_initializer(path: Path, location: str) -> str | None:

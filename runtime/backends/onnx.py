@@ -140,14 +140,17 @@ def session_options() -> ort.SessionOptions:
     return opts
 
 
-def _check_version(installed: str, needed: str | None) -> None:
-    """Fused graphs on an older ONNX Runtime fail deep in session creation; say so in one line instead."""
-    def release(v: str) -> tuple[int, ...]:
-        return tuple(int(p) for p in v.split("+")[0].split(".")[:2] if p.isdigit())
+def release(version: str) -> tuple[int, ...]:
+    """(major, minor) of an ONNX Runtime version such as "1.27.0+cpu", for comparing with min_onnxruntime."""
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
 
+
+def _check_version(installed: str, needed: str | None) -> None:
+    """Graphs on an older ONNX Runtime fail deep in session creation (fused ops, quantized tables); say so in one
+    line instead."""
     if needed and release(installed) < release(needed):
-        raise ManifestError(f"this export's fused ONNX graphs need onnxruntime >= {needed} (installed {installed}): "
-                            "upgrade onnxruntime, or re-export with --no-fuse")
+        raise ManifestError(f"this export's ONNX graphs need onnxruntime >= {needed} (installed {installed}): "
+                            "upgrade onnxruntime, or for fused float graphs re-export with --no-fuse")
 
 
 class WindowKV:
