@@ -14,6 +14,7 @@ from .errors import MtpkitError
 # extra is not listed here: its row in runtime/roles.py BACKENDS names the modules, passed to require().
 EXTRAS = {
     "export": ("torch", "transformers", "onnx", "onnxscript", "safetensors"),
+    "llama-cpp": ("llama_cpp",),  # the llama.cpp peer of `mtpkit bench --peers`
 }
 
 

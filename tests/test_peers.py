@@ -76,9 +76,12 @@ def test_ratios_medians_and_token_checks_with_fakes():
 
 
 @pytest.mark.slow
-def test_bench_peers_end_to_end_on_a_tiny_onnx_export(tiny_exports, tmp_path, capfd):
+def test_bench_peers_end_to_end_on_a_tiny_onnx_export(tiny_exports, tmp_path, capfd, monkeypatch):
     folder = tiny_exports("e2b_gemma4_centroid")
     capfd.readouterr()  # what building the export fixture printed is not the bench's
+    real = extras.importlib.util.find_spec  # as without the [llama-cpp] extra (tests/test_llama_cpp_peer.py: with)
+    monkeypatch.setattr(extras.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llama_cpp" else real(name, *a))
     argv = ["bench", str(folder), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-k", "1",
             "--max-new-tokens", "4", "--threads", "1", "--out", str(tmp_path)]
     assert cli.main(argv) == 0
@@ -97,6 +100,9 @@ def test_bench_peers_end_to_end_on_a_tiny_onnx_export(tiny_exports, tmp_path, ca
     assert rows["transformers plain"]["ratio"] > 0
     assert rows["transformers plain"]["same_tokens"] == 1  # greedy: transformers' tokens are mtpkit's
     assert any("no LiteRT-LM rows: this export has no litert graphs" in n for n in sec["notes"])
+    skipped = [n for n in sec["notes"] if "llama.cpp" in n]
+    assert len(skipped) == 1 and "pip install 'mtpkit[llama-cpp]'" in skipped[0]
+    assert out.count("note: llama.cpp rows skipped") == 1
     assert "## Peers" in (tmp_path / "bench.md").read_text()
 
 

@@ -26,10 +26,12 @@ examples:
 
 --peers adds a table: ms/token including prefill (wall time of each whole generate call / new tokens) for
 mtpkit's runtime on every backend of the export, transformers PyTorch CPU generate() plain and with
-assistant_model=drafter on the checkpoints the manifest's source names, and each backend's own runtime where it
-has one (LiteRT-LM, speculation off and on), each as a ratio to mtpkit, runs interleaved; with the thread counts
-each used (--threads N: all use N; by default mtpkit picks per graph, torch gets the count mtpkit picked for its
-first backend's target graph, LiteRT-LM all cores as mtpkit's LiteRT backend).
+assistant_model=drafter on the checkpoints the manifest's source names, each backend's own runtime where it has
+one (LiteRT-LM, speculation off and on) and, with the [llama-cpp] extra, llama.cpp plain decoding on the target
+converted by llama.cpp's own converter to the GGUF type closest to the export's recipe (fp32 F32, fp16 F16, int8
+Q8_0, int4 Q4_0 and Q4_K_M; converted once, cached), each as a ratio to mtpkit, runs interleaved; with the
+thread counts each used (--threads N: all use N; by default mtpkit picks per graph, torch and llama.cpp get the
+count mtpkit picked for its first backend's target graph, LiteRT-LM all cores as mtpkit's LiteRT backend).
 """
 
 
@@ -48,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="the speculative column: auto (default) or a fixed k")
     p.add_argument("--schedule", default=None, help="constant | heuristic | auto")
     p.add_argument("--peers", action="store_true",
-                   help="also time transformers generate() (plain, assisted) and, for LiteRT exports, LiteRT-LM "
-                        "(speculation off, on) on the same prompts, as ratios to mtpkit [needs the export extra]")
+                   help="also time transformers generate() (plain, assisted), llama.cpp (plain; with the "
+                        "llama-cpp extra) and, for LiteRT exports, LiteRT-LM (speculation off, on) on the same "
+                        "prompts, as ratios to mtpkit [needs the export extra]")
     p.add_argument("--out", type=Path, help="write bench.json, bench.md and bench.png to this folder")
     p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
 

@@ -5,6 +5,8 @@
   on the export's first backend.
 - each backend's own runtime where its runtime module has one (runtime/backends/__init__.py: peers), e.g.
   LiteRT-LM on the export's .litertlm bundle, speculative decoding off and on.
+- llama.cpp (the [llama-cpp] extra) on the target checkpoint converted by llama.cpp's own converter, plain
+  greedy, compared with mtpkit plain on the export's first backend (llama_cpp.py); a note when not installed.
 The measurement and the report are runtime/peers.py's; this module only builds the peers.
 """
 
@@ -26,9 +28,9 @@ def run_peers(engine: Engine, prompts: list[PeerPrompt], cfg, threads: int | Non
     """The `peers` section of `mtpkit bench --peers` (runtime/peers.py section()).
 
     engine: the bench's open Engine (the export's other backends are opened beside it); cfg: its BenchConfig;
-    threads: --threads, given to every peer when set. Otherwise mtpkit keeps its own per-graph pick, torch gets
-    the count mtpkit picked for its first backend's target graph and a backend's own runtime what that backend
-    uses.
+    threads: --threads, given to every peer when set. Otherwise mtpkit keeps its own per-graph pick, torch and
+    llama.cpp get the count mtpkit picked for its first backend's target graph and a backend's own runtime what
+    that backend uses.
     """
     engines, notes = _engines(engine, threads)
     plain = GenConfig(max_new_tokens=cfg.max_new_tokens, mtp=False)
@@ -37,6 +39,8 @@ def run_peers(engine: Engine, prompts: list[PeerPrompt], cfg, threads: int | Non
     torch_n = threads or _decode_threads(first)
     with contextlib.ExitStack() as stack:
         others = transformers_peers(engine.manifest, torch_n, cfg.max_new_tokens, first.backend.kind)
+        others += _llama_cpp_peers(engine.manifest, torch_n, cfg.max_new_tokens, first.backend.kind, stack, notes,
+                                   progress)
         for kind in engines:
             others += _backend_peers(kind, engine.manifest, threads, cfg.max_new_tokens, stack, notes)
         # each peer right after the mtpkit row it is compared with: the pair sees the same moment's load
@@ -106,6 +110,19 @@ def _backend_peers(kind: str, manifest, threads: int | None, max_new_tokens: int
         return module.peers(manifest, threads, max_new_tokens, stack)
     except MissingExtraError as e:
         notes.append(f"{module.PEERS} rows skipped: {e}")
+        return []
+
+
+def _llama_cpp_peers(manifest, threads: int, max_new_tokens: int, kind: str, stack: contextlib.ExitStack,
+                     notes: list[str], progress) -> list[Peer]:
+    """llama.cpp plain (baseline: mtpkit KIND plain), or a note saying why there is none."""
+    from .llama_cpp import LlamaCppError, llama_cpp_peers
+
+    try:
+        return llama_cpp_peers(manifest, resolve_sources(manifest)[0].folder, threads, max_new_tokens,
+                               f"mtpkit {kind} plain", stack, progress)
+    except (MissingExtraError, LlamaCppError) as e:
+        notes.append(f"llama.cpp rows skipped: {e}")
         return []
 
 
