@@ -1,21 +1,28 @@
-"""Per-call costs of a static-shape backend of an export (LiteRT), through mtpkit's runtime (the Target / Drafter
-protocols), and the cost model's predicted speed-up with a given acceptance profile: the graphs tools/scale_bench.py
-(ONNX graph sessions) does not time. The verify lengths come from the target's static max_draft, which an ONNX
-target has not, so an export whose first backend is ONNX needs --backend litert. Not run in CI.
+"""Per-call costs of one or more exports (any backend, any recipe) through mtpkit's runtime, side by side in one
+run, and the cost model's predicted speculative ms/token for a given acceptance profile. Not run in CI.
 
-    .venv/bin/python tools/call_costs.py EXPORT [--backend litert] [--threads N] [--past 256] [--rounds 5]
-        [--acceptance-from PAIR_EXPORT | --acceptance 0.4,0.3,...] [--json out.json]
+    .venv/bin/python tools/call_costs.py EXPORT[@BACKEND] [EXPORT[@BACKEND] ...] [--threads N] [--past 256]
+        [--rounds 5] [--max-k 4] [--acceptance 0.7,0.7,0.7,0.7 | --acceptance-from PAIR_EXPORT]
+        [--sequential] [--no-bandwidth] [--out report.md] [--json out.json]
 
-- calls, interleaved round by round, each timed alone: decode (1 token), target calls of t = 2..max_draft + 1
-  tokens (verify of k = t - 1 drafts; a static-shape backend runs its one verify graph for each), the drafter step;
-  at position --past, on the runtime's own KV cache; median per call kind (ms).
-- cost model (runtime/cost_model.py predict): those costs and the acceptance by position of another export
-  (the trained tiny pair: a random model's drafter accepts nothing), host terms 0.
+- calls, through the runtime's Target / Drafter (each backend's own KV handling included): decode (1 token),
+  target calls of t = 2..k_max + 1 tokens (verify of k drafts; a static-shape LiteRT target runs its one verify
+  graph for each), and the drafter step, at position --past. k_max is the export's static max_draft, else
+  --max-k. Every export's calls are interleaved round by round, so all see the same machine load; --sequential
+  times one export after the other instead (full-size exports that do not fit in memory together).
+- weights a decode reads: the weights of every weight-multiplying op in the target's decode graph (LiteRT:
+  FULLY_CONNECTED; ONNX: tools/scale_bench.py's accounting); gathered tables (embeddings, per-layer embeddings)
+  are not counted. bound = those bytes / this machine's read bandwidth (runtime/bandwidth.py, 1 GiB, best
+  pass); bandwidth fraction = bound / measured decode.
+- predicted (runtime/cost_model.py, host terms 0): per export the best k and its ms/token; "vs fastest plain"
+  divides it by the lowest decode ms/token in the table, i.e. what speculation on that export gives against the
+  best plain decoding measured beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -23,66 +30,194 @@ import sys
 import time
 from pathlib import Path
 
+from mtpkit.runtime.cost_model import Costs, predict
 
-def measure(folder: Path, backend: str | None, threads: int | None, past: int, rounds: int) -> dict:
+
+def open_calls(folder: Path, backend: str | None, threads: int | None, past: int, max_k: int):
+    """(engine, {call kind: zero-argument callable}) at position past, on the runtime's own KV cache."""
     from mtpkit.runtime.engine import Engine
 
     engine = Engine(folder, threads=threads, backend=backend)
     target, drafter = engine.target, engine.drafter
-    past = min(past, target.kv.capacity - target.max_draft - 2)
+    k_max = target.max_draft or max_k
+    past = min(past, target.kv.capacity - k_max - 2)
     _, hidden = target.forward(list(range(2, past + 2)), 0)  # a context to attend to
     view = target.kv.drafter_view(past, "clean")
-    lengths = list(range(1, target.max_draft + 2))
-    runs = {f"target{t}": (lambda t=t: target.forward([0] * t, past)) for t in lengths}
+    runs = {f"target{t}": (lambda t=t: target.forward([0] * t, past)) for t in range(1, k_max + 2)}
     runs["draft"] = lambda: drafter.step(0, hidden[-1], past, view)
+    return engine, runs, past
+
+
+def time_rounds(runs: dict, rounds: int) -> dict[str, float]:
+    """Median ms per call kind; round 0 warms up."""
     samples: dict[str, list[float]] = {k: [] for k in runs}
-    for r in range(rounds + 1):  # round 0 warms up
+    for r in range(rounds + 1):
         for kind, call in runs.items():
             t0 = time.perf_counter()
             call()
             if r:
                 samples[kind].append(time.perf_counter() - t0)
-    ms = {k: 1e3 * statistics.median(v) for k, v in samples.items()}
-    return {"export": str(folder), "backend": getattr(engine.backend, "kind", engine.backend), "threads": threads, "past": past, "rounds": rounds,
-            "cores": os.cpu_count(), "load_average": os.getloadavg(),
-            "decode_ms": ms["target1"], "draft_ms": ms["draft"],
-            "verify_ms": {t - 1: ms[f"target{t}"] for t in lengths[1:]}}
+    return {k: 1e3 * statistics.median(v) for k, v in samples.items()}
+
+
+def describe(folder: Path, engine, past: int, ms: dict, prefix: str = "") -> dict:
+    kinds = sorted(int(k.removeprefix(f"{prefix}target")) for k in ms if k.startswith(f"{prefix}target"))
+    backend = engine.backend.kind
+    graph = engine.manifest.backend(backend).graphs["target"]
+    return {"export": str(folder), "backend": backend, "recipe": graph.recipe, "threads": engine.threads, "past": past,
+            "decode_ms": ms[f"{prefix}target1"], "draft_ms": ms[f"{prefix}draft"],
+            "verify_ms": {t - 1: ms[f"{prefix}target{t}"] for t in kinds[1:]},
+            "decode_weight_bytes": decode_weight_bytes(engine.manifest, backend)}
+
+
+def measure(specs: list[tuple[Path, str | None]], threads: int | None, past: int, rounds: int, max_k: int,
+            sequential: bool) -> list[dict]:
+    """One row per export: its call costs (ms) and the bytes its decode reads."""
+    rows: list[dict] = []
+    if sequential:
+        for folder, backend in specs:
+            engine, runs, at = open_calls(folder, backend, threads, past, max_k)
+            rows.append(describe(folder, engine, at, time_rounds(runs, rounds)))
+            del engine, runs
+            gc.collect()
+        return rows
+    opened, runs = [], {}
+    for i, (folder, backend) in enumerate(specs):
+        engine, own, at = open_calls(folder, backend, threads, past, max_k)
+        opened.append((folder, engine, at))
+        runs.update({f"{i}:{k}": call for k, call in own.items()})
+    ms = time_rounds(runs, rounds)
+    return [describe(folder, engine, at, ms, f"{i}:") for i, (folder, engine, at) in enumerate(opened)]
+
+
+def decode_weight_bytes(manifest, backend: str) -> int:
+    """Bytes of the weights a decode call multiplies (not the tables it only gathers rows from)."""
+    if backend == "onnx":
+        sys.path.insert(0, str(Path(__file__).parent))
+        import scale_bench  # noqa: PLC0415 (a sibling script)
+
+        return scale_bench.call_bytes(manifest, "decode", 0)["weights"]
+    sig = manifest.backend(backend).signatures["decode"]
+    return litert_weight_bytes(manifest.path(manifest.backend(backend).graphs[sig.graph].file), sig.backend_name or "decode")
+
+
+def litert_weight_bytes(path: Path, signature: str) -> int:
+    """FULLY_CONNECTED weight buffers (and block scales) in one signature's subgraph of a .tflite, each once."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    from mtpkit.export.backends.litert_graft import read_map
+
+    model = schema.ModelT.InitFromPackedBuf(read_map(path), 0)
+    sub = model.subgraphs[next(s.subgraphIndex for s in model.signatureDefs if s.signatureKey.decode() == signature)]
+    seen: set[int] = set()
+    total = 0
+    for op in sub.operators:
+        code = model.operatorCodes[op.opcodeIndex]
+        if max(code.builtinCode, code.deprecatedBuiltinCode) != schema.BuiltinOperator.FULLY_CONNECTED:
+            continue
+        tensor = sub.tensors[op.inputs[1]]
+        extra = []
+        q = tensor.quantization
+        if q is not None and getattr(q, "details", None) is not None and hasattr(q.details, "scales"):
+            extra.append(sub.tensors[q.details.scales].buffer)  # blockwise int4: a scales tensor per weight
+        for b in (tensor.buffer, *extra):
+            if b and b not in seen:
+                seen.add(b)
+                buf = model.buffers[b]
+                total += int(buf.size) if buf.size else (len(buf.data) if buf.data is not None else 0)
+        if q is not None and q.scale is not None and len(q.scale) > 1:
+            total += 4 * len(q.scale)  # channelwise scales, inline
+    return total
+
+
+def summarize(rows: list[dict], acceptance: list[float] | None, gbps: float | None) -> list[dict]:
+    """Adds the verify/decode ratio, the bandwidth fraction and the cost model's best k to every row."""
+    fastest_plain = min(r["decode_ms"] for r in rows)
+    for r in rows:
+        k_max = max(r["verify_ms"])
+        r["verify_ratio"] = r["verify_ms"][k_max] / r["decode_ms"]
+        r["bandwidth_fraction"] = (r["decode_weight_bytes"] / gbps / 1e6 / r["decode_ms"]) if gbps else None
+        r["predicted"] = predicted(r, acceptance) if acceptance else None
+        if r["predicted"]:
+            best = min(r["predicted"], key=lambda p: p["ms_per_token"])
+            r["best"] = {**best, "vs_fastest_plain": best["ms_per_token"] / fastest_plain}
+    return rows
 
 
 def predicted(costs: dict, acceptance: list[float]) -> list[dict]:
-    from mtpkit.runtime.cost_model import Costs, predict
-
     target = (costs["decode_ms"], *costs["verify_ms"].values())
     model = Costs(draft=costs["draft_ms"] / 1e3, target=tuple(t / 1e3 for t in target))
     return predict(model, acceptance, range(1, min(len(costs["verify_ms"]), len(acceptance)) + 1))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("export", type=Path)
-    p.add_argument("--backend", default=None, help="backend to time (default: the export's first)")
-    p.add_argument("--threads", type=int, default=None, help="threads (default: the runtime's pick)")
-    p.add_argument("--past", type=int, default=256, help="context length before each call (default 256)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--acceptance-from", type=Path, help="export whose manifest holds the acceptance by position")
-    p.add_argument("--acceptance", help="acceptance by position, comma-separated")
-    p.add_argument("--json", type=Path, help="write the figures here as JSON")
-    args = p.parse_args(argv)
-    report = measure(args.export, args.backend, args.threads, args.past, args.rounds)
-    acceptance = [float(a) for a in args.acceptance.split(",")] if args.acceptance else None
+def table(rows: list[dict], acceptance: list[float] | None) -> list[str]:
+    k_max = max(max(r["verify_ms"]) for r in rows)
+    head = ["export", "backend", "recipe", "decode ms", f"verify({k_max + 1}) ms", "verify / decode",
+            "drafter ms", "decode weights GB", "bandwidth fraction"]
+    if acceptance:
+        head += ["best k", "predicted spec ms/token", "vs fastest plain"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        v = r["verify_ms"].get(k_max)
+        cells = [Path(r["export"]).name, r["backend"], r["recipe"], f"{r['decode_ms']:.1f}",
+                 f"{v:.1f}" if v else "-", f"{r['verify_ratio']:.2f}", f"{r['draft_ms']:.1f}",
+                 f"{r['decode_weight_bytes'] / 1e9:.3f}",
+                 f"{r['bandwidth_fraction']:.2f}" if r["bandwidth_fraction"] else "-"]
+        if acceptance:
+            b = r.get("best")
+            cells += [str(b["k"]), f"{b['ms_per_token']:.1f}", f"{b['vs_fastest_plain']:.2f}"] if b else ["-"] * 3
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def parse_acceptance(args) -> list[float] | None:
+    if args.acceptance:
+        return [float(a) for a in args.acceptance.split(",")]
     if args.acceptance_from:
         from mtpkit.runtime.manifest import load_manifest
 
-        acceptance = list(load_manifest(args.acceptance_from, verify=False).backend(args.backend)
-                          .options.get("acceptance_by_position") or []) or None
-    report["acceptance"], report["predicted"] = acceptance, predicted(report, acceptance) if acceptance else None
-    report["command"] = " ".join(["python tools/call_costs.py", *(argv if argv is not None else sys.argv[1:])])
-    print(f"{report['backend']} at position {report['past']}: decode {report['decode_ms']:.1f} ms, drafter step "
-          f"{report['draft_ms']:.1f} ms, " + ", ".join(f"verify(k={k}) {v:.1f}" for k, v in report["verify_ms"].items()))
-    for row in report["predicted"] or []:
-        print(f"  k={row['k']}: {row['tokens_per_round']:.2f} tokens/round, predicted {row['speedup']:.2f}x")
+        options = load_manifest(args.acceptance_from, verify=False).backend().options
+        return list(options.get("acceptance_by_position") or []) or None
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("exports", nargs="+", help="EXPORT or EXPORT@BACKEND (default: the export's first backend)")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: the runtime's pick)")
+    p.add_argument("--past", type=int, default=256, help="context length before each call (default 256)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--max-k", type=int, default=4, help="drafts to time where the export has no static verify length")
+    p.add_argument("--acceptance-from", type=Path, help="export whose manifest holds the acceptance by position")
+    p.add_argument("--acceptance", help="acceptance by position, comma-separated")
+    p.add_argument("--sequential", action="store_true", help="time one export after the other, not interleaved")
+    p.add_argument("--no-bandwidth", action="store_true", help="skip the read-bandwidth measurement")
+    p.add_argument("--out", type=Path, help="write the table as Markdown here")
+    p.add_argument("--json", type=Path, help="write the figures here as JSON")
+    args = p.parse_args(argv)
+    specs = [(Path(e.split("@")[0]), e.split("@")[1] if "@" in e else None) for e in args.exports]
+    rows = measure(specs, args.threads, args.past, args.rounds, args.max_k, args.sequential)
+    gbps = None
+    if not args.no_bandwidth:
+        from mtpkit.runtime import bandwidth
+
+        gbps = bandwidth.read_bandwidth(threads=args.threads or 1, size=1 << 30, repeats=3).gbps
+    acceptance = parse_acceptance(args)
+    summarize(rows, acceptance, gbps)
+    command = " ".join(["python tools/call_costs.py", *(argv if argv is not None else sys.argv[1:])])
+    lines = table(rows, acceptance)
+    notes = [f"command: `{command}`", f"position {rows[0]['past']}, threads {args.threads or 'runtime pick'}, "
+             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, read bandwidth "
+             f"{f'{gbps:.1f} GB/s' if gbps else 'not measured'}, acceptance {acceptance}"]
+    print("\n".join(lines + [""] + notes))
+    for r in rows:
+        print(f"{Path(r['export']).name} {r['backend']}: " + ", ".join(
+            f"verify(k={k}) {v:.1f}" for k, v in r["verify_ms"].items()))
+    if args.out:
+        args.out.write_text("\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        args.json.write_text(json.dumps({"command": command, "bandwidth_gbps": gbps, "acceptance": acceptance,
+                                         "load_average": os.getloadavg(), "rows": rows}, indent=1) + "\n")
     return 0
 
 

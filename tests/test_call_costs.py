@@ -1,0 +1,54 @@
+"""tools/call_costs.py: recipes side by side in one table; the LiteRT bytes accounting against the checkpoint; no
+timing asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("ai_edge_litert")
+
+from conftest import LITERT_VARIANTS  # noqa: E402
+from mtpkit.runtime.manifest import load_manifest  # noqa: E402
+from test_scale_bench import _linear_weight_count  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.litert]
+NAME = LITERT_VARIANTS[0]
+
+
+@pytest.fixture(scope="module")
+def call_costs(tool):
+    return tool("call_costs")
+
+
+def test_decode_weights_are_the_linear_weights_on_both_backends(litert_exports, tiny_checkpoints, call_costs):
+    """The float LiteRT decode multiplies every nn.Linear weight once (the tied LM head included), as ONNX does:
+    gathered tables are not counted."""
+    manifest = load_manifest(litert_exports(NAME))
+    want = 4 * _linear_weight_count(tiny_checkpoints(NAME)[0])
+    assert call_costs.decode_weight_bytes(manifest, "litert") == want
+    assert call_costs.decode_weight_bytes(manifest, "onnx") == want
+
+
+def test_one_table_compares_every_export_given(litert_exports, call_costs, tmp_path):
+    out = litert_exports(NAME)
+    argv = [f"{out}@onnx", f"{out}@litert", "--threads", "1", "--past", "20", "--rounds", "1", "--max-k", "3",
+            "--acceptance", "0.7,0.7,0.7", "--no-bandwidth", "--json", str(tmp_path / "r.json"),
+            "--out", str(tmp_path / "r.md")]
+    assert call_costs.main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    onnx, litert = report["rows"]
+    assert (onnx["backend"], litert["backend"]) == ("onnx", "litert")
+    assert list(onnx["verify_ms"]) == ["1", "2", "3"]  # dynamic shapes: --max-k
+    assert list(litert["verify_ms"]) == [str(k) for k in range(1, 9)]  # the export's static max_draft
+    fastest = min(onnx["decode_ms"], litert["decode_ms"])
+    for row in (onnx, litert):
+        assert row["verify_ratio"] == pytest.approx(row["verify_ms"][str(max(map(int, row["verify_ms"])))]
+                                                    / row["decode_ms"])
+        assert [p["k"] for p in row["predicted"]] == [1, 2, 3]
+        best = min(row["predicted"], key=lambda p: p["ms_per_token"])
+        assert row["best"]["vs_fastest_plain"] == pytest.approx(best["ms_per_token"] / fastest)
+    table = (tmp_path / "r.md").read_text().splitlines()
+    assert table[0].startswith("| export | backend | recipe | decode ms") and len(table[2:4]) == 2
+    assert "vs fastest plain" in table[0] and "command: `python tools/call_costs.py" in (tmp_path / "r.md").read_text()
