@@ -34,7 +34,7 @@ def test_decode_weights_are_the_linear_weights_on_both_backends(litert_exports, 
 def test_one_table_compares_every_export_given(litert_exports, call_costs, tmp_path):
     out = litert_exports(NAME)
     argv = [f"{out}@onnx", f"{out}@litert", "--threads", "1", "--past", "20", "--rounds", "1", "--max-k", "3",
-            "--acceptance", "0.7,0.7,0.7", "--no-bandwidth", "--json", str(tmp_path / "r.json"),
+            "--acceptance", "0.7,0.7,0.7", "--acceptance", "0.4,0.3", "--no-bandwidth", "--json", str(tmp_path / "r.json"),
             "--out", str(tmp_path / "r.md")]
     assert call_costs.main(argv) == 0
     report = json.loads((tmp_path / "r.json").read_text())
@@ -46,9 +46,11 @@ def test_one_table_compares_every_export_given(litert_exports, call_costs, tmp_p
     for row in (onnx, litert):
         assert row["verify_ratio"] == pytest.approx(row["verify_ms"][str(max(map(int, row["verify_ms"])))]
                                                     / row["decode_ms"])
-        assert [p["k"] for p in row["predicted"]] == [1, 2, 3]
-        best = min(row["predicted"], key=lambda p: p["ms_per_token"])
-        assert row["best"]["vs_fastest_plain"] == pytest.approx(best["ms_per_token"] / fastest)
+        assert [p["k"] for p in row["predicted"]["0.7,0.7,0.7"]] == [1, 2, 3]
+        assert [p["k"] for p in row["predicted"]["0.4,0.3"]] == [1, 2]  # as many drafts as the profile has
+        for label, rows_k in row["predicted"].items():
+            best = min(rows_k, key=lambda p: p["ms_per_token"])
+            assert row["best"][label]["vs_fastest_plain"] == pytest.approx(best["ms_per_token"] / fastest)
     table = (tmp_path / "r.md").read_text().splitlines()
     assert table[0].startswith("| export | backend | recipe | decode ms") and len(table[2:4]) == 2
-    assert "vs fastest plain" in table[0] and "command: `python tools/call_costs.py" in (tmp_path / "r.md").read_text()
+    assert "vs fastest plain (0.7,0.7,0.7)" in table[0] and "vs fastest plain (0.4,0.3)" in table[0] and "command: `python tools/call_costs.py" in (tmp_path / "r.md").read_text()

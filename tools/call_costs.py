@@ -2,7 +2,7 @@
 run, and the cost model's predicted speculative ms/token for a given acceptance profile. Not run in CI.
 
     .venv/bin/python tools/call_costs.py EXPORT[@BACKEND] [EXPORT[@BACKEND] ...] [--threads N] [--past 256]
-        [--rounds 5] [--max-k 4] [--acceptance 0.7,0.7,0.7,0.7 | --acceptance-from PAIR_EXPORT]
+        [--rounds 5] [--max-k 4] [--acceptance 0.7,0.7,0.7,0.7] [--acceptance-from PAIR_EXPORT[@BACKEND]]
         [--sequential] [--no-bandwidth] [--out report.md] [--json out.json]
 
 - calls, through the runtime's Target / Drafter (each backend's own KV handling included): decode (1 token),
@@ -130,17 +130,19 @@ def litert_weight_bytes(path: Path, signature: str) -> int:
     return total
 
 
-def summarize(rows: list[dict], acceptance: list[float] | None, gbps: float | None) -> list[dict]:
-    """Adds the verify/decode ratio, the bandwidth fraction and the cost model's best k to every row."""
+def summarize(rows: list[dict], profiles: dict[str, list[float]], gbps: float | None) -> list[dict]:
+    """Adds the verify/decode ratio, the bandwidth fraction and, per acceptance profile, the cost model's
+    prediction and best k to every row."""
     fastest_plain = min(r["decode_ms"] for r in rows)
     for r in rows:
         k_max = max(r["verify_ms"])
         r["verify_ratio"] = r["verify_ms"][k_max] / r["decode_ms"]
         r["bandwidth_fraction"] = (r["decode_weight_bytes"] / gbps / 1e6 / r["decode_ms"]) if gbps else None
-        r["predicted"] = predicted(r, acceptance) if acceptance else None
-        if r["predicted"]:
-            best = min(r["predicted"], key=lambda p: p["ms_per_token"])
-            r["best"] = {**best, "vs_fastest_plain": best["ms_per_token"] / fastest_plain}
+        r["predicted"], r["best"] = {}, {}
+        for label, acceptance in profiles.items():
+            rows_k = r["predicted"][label] = predicted(r, acceptance)
+            best = min(rows_k, key=lambda p: p["ms_per_token"])
+            r["best"][label] = {**best, "vs_fastest_plain": best["ms_per_token"] / fastest_plain}
     return rows
 
 
@@ -150,12 +152,12 @@ def predicted(costs: dict, acceptance: list[float]) -> list[dict]:
     return predict(model, acceptance, range(1, min(len(costs["verify_ms"]), len(acceptance)) + 1))
 
 
-def table(rows: list[dict], acceptance: list[float] | None) -> list[str]:
+def table(rows: list[dict], profiles: dict[str, list[float]]) -> list[str]:
     k_max = max(max(r["verify_ms"]) for r in rows)
     head = ["export", "backend", "recipe", "decode ms", f"verify({k_max + 1}) ms", "verify / decode",
             "drafter ms", "decode weights GB", "bandwidth fraction"]
-    if acceptance:
-        head += ["best k", "predicted spec ms/token", "vs fastest plain"]
+    for label in profiles:
+        head += [f"best k ({label})", f"spec ms/token ({label})", f"vs fastest plain ({label})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         v = r["verify_ms"].get(k_max)
@@ -163,22 +165,26 @@ def table(rows: list[dict], acceptance: list[float] | None) -> list[str]:
                  f"{v:.1f}" if v else "-", f"{r['verify_ratio']:.2f}", f"{r['draft_ms']:.1f}",
                  f"{r['decode_weight_bytes'] / 1e9:.3f}",
                  f"{r['bandwidth_fraction']:.2f}" if r["bandwidth_fraction"] else "-"]
-        if acceptance:
-            b = r.get("best")
-            cells += [str(b["k"]), f"{b['ms_per_token']:.1f}", f"{b['vs_fastest_plain']:.2f}"] if b else ["-"] * 3
+        for label in profiles:
+            b = r["best"][label]
+            cells += [str(b["k"]), f"{b['ms_per_token']:.1f}", f"{b['vs_fastest_plain']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def parse_acceptance(args) -> list[float] | None:
-    if args.acceptance:
-        return [float(a) for a in args.acceptance.split(",")]
-    if args.acceptance_from:
-        from mtpkit.runtime.manifest import load_manifest
+def profiles_of(args) -> dict[str, list[float]]:
+    """Acceptance profiles by label: each --acceptance as given, each --acceptance-from's recorded profile."""
+    from mtpkit.runtime.manifest import load_manifest
 
-        options = load_manifest(args.acceptance_from, verify=False).backend().options
-        return list(options.get("acceptance_by_position") or []) or None
-    return None
+    profiles = {text: [float(a) for a in text.split(",")] for text in args.acceptance or []}
+    for spec in args.acceptance_from or []:
+        folder, _, backend = spec.partition("@")
+        recorded = load_manifest(Path(folder), verify=False).backend(backend or None).options.get(
+            "acceptance_by_position") or []
+        if not recorded:
+            raise SystemExit(f"call_costs: {spec} records no acceptance_by_position; export it with a reference")
+        profiles[f"{Path(folder).name}{'@' + backend if backend else ''}"] = list(recorded)
+    return profiles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--past", type=int, default=256, help="context length before each call (default 256)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--max-k", type=int, default=4, help="drafts to time where the export has no static verify length")
-    p.add_argument("--acceptance-from", type=Path, help="export whose manifest holds the acceptance by position")
-    p.add_argument("--acceptance", help="acceptance by position, comma-separated")
+    p.add_argument("--acceptance-from", action="append", metavar="EXPORT[@BACKEND]",
+                   help="export whose manifest holds an acceptance by position (repeatable)")
+    p.add_argument("--acceptance", action="append", help="acceptance by position, comma-separated (repeatable)")
     p.add_argument("--sequential", action="store_true", help="time one export after the other, not interleaved")
     p.add_argument("--no-bandwidth", action="store_true", help="skip the read-bandwidth measurement")
     p.add_argument("--out", type=Path, help="write the table as Markdown here")
@@ -202,13 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         from mtpkit.runtime import bandwidth
 
         gbps = bandwidth.read_bandwidth(threads=args.threads or 1, size=1 << 30, repeats=3).gbps
-    acceptance = parse_acceptance(args)
-    summarize(rows, acceptance, gbps)
+    profiles = profiles_of(args)
+    summarize(rows, profiles, gbps)
     command = " ".join(["python tools/call_costs.py", *(argv if argv is not None else sys.argv[1:])])
-    lines = table(rows, acceptance)
+    lines = table(rows, profiles)
     notes = [f"command: `{command}`", f"position {rows[0]['past']}, threads {args.threads or 'runtime pick'}, "
              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, read bandwidth "
-             f"{f'{gbps:.1f} GB/s' if gbps else 'not measured'}, acceptance {acceptance}"]
+             f"{f'{gbps:.1f} GB/s' if gbps else 'not measured'}, acceptance by position {profiles}"]
     print("\n".join(lines + [""] + notes))
     for r in rows:
         print(f"{Path(r['export']).name} {r['backend']}: " + ", ".join(
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text("\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"command": command, "bandwidth_gbps": gbps, "acceptance": acceptance,
+        args.json.write_text(json.dumps({"command": command, "bandwidth_gbps": gbps, "acceptance": profiles,
                                          "load_average": os.getloadavg(), "rows": rows}, indent=1) + "\n")
     return 0
 
