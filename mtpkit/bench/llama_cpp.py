@@ -1,7 +1,8 @@
 """llama.cpp as a peer of `mtpkit bench --peers` (the [llama-cpp] extra, llama-cpp-python): the export's target
 checkpoint converted with llama.cpp's own converter, at the GGUF type closest to the target graph's recipe, decoded
-greedily on mtpkit's token ids. Plain decoding only: llama-cpp-python 0.3.36 has no way to run a Gemma 4 assistant
-as a draft model (its draft_model is prompt lookup).
+greedily on mtpkit's token ids. Plain decoding only: llama.cpp's C++ tools can draft with a Gemma 4 assistant
+(common/speculative.cpp), but llama-cpp-python 0.3.36 binds only the C API under it (LLAMA_CONTEXT_TYPE_MTP), not
+that loop, and its own draft_model is prompt lookup.
 
 - The converter. llama-cpp-python's package carries the library, not convert_hf_to_gguf.py; the source
   distribution of the same version does (vendor/llama.cpp). It is fetched once with pip, so pip's index settings
