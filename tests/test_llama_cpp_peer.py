@@ -124,6 +124,24 @@ def test_without_llama_cpp_the_peers_note_it_in_one_line(monkeypatch, tmp_path):
                      "pip install '.[llama-cpp]')"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs the [llama-cpp] extra")
+def test_a_file_llama_cpp_refuses_is_a_note_not_a_crash(tmp_path, monkeypatch):
+    from contextlib import ExitStack
+
+    monkeypatch.setenv("MTPKIT_CACHE_DIR", str(tmp_path / "cache"))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    import llama_cpp
+
+    bad = peer.cache_dir() / "llama-cpp" / llama_cpp.__version__ / "gguf" / f"{peer.checkpoint_key(ckpt)}-F32.gguf"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"GGUF but not really")
+    manifest = SimpleNamespace(**vars(_manifest("fp32")), eos_ids=[1], kv_cache={"capacity": 64})
+    with ExitStack() as stack, pytest.raises(peer.LlamaCppError, match="llama.cpp could not open .*-F32.gguf"):
+        peer.llama_cpp_peers(manifest, ckpt, 1, 4, "mtpkit onnx plain", stack)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs the [llama-cpp] extra")
 def test_bench_peers_lists_llama_cpp_on_a_tiny_onnx_export(tiny_exports, tmp_path, capfd):

@@ -57,7 +57,7 @@ def llama_cpp_peers(manifest, folder: Path, threads: int, max_new_tokens: int, b
 
     Raises:
         MissingExtraError: llama-cpp-python is not installed.
-        LlamaCppError: the converter could not be fetched or failed.
+        LlamaCppError: the converter could not be fetched or failed, or llama.cpp refused the file it wrote.
     """
     require("llama-cpp", "the llama.cpp peer")
     import llama_cpp  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -67,9 +67,12 @@ def llama_cpp_peers(manifest, folder: Path, threads: int, max_new_tokens: int, b
     peers = []
     for gguf_type in gguf_types(manifest):
         path = gguf_file(folder, gguf_type, version, progress)
-        with output_captured(f"llama.cpp loading {path.name}"):  # llama.cpp logs its model load on fd 2
-            llm = llama_cpp.Llama(model_path=str(path), n_ctx=manifest.kv_cache["capacity"], n_threads=threads,
-                                  n_threads_batch=threads, verbose=False)
+        try:  # verbose=False silences llama.cpp's log; what else its load prints on fd 2 stays out of the table
+            with output_captured(f"llama.cpp loading {path.name}"):
+                llm = llama_cpp.Llama(model_path=str(path), n_ctx=manifest.kv_cache["capacity"], n_threads=threads,
+                                      n_threads_batch=threads, verbose=False)
+        except ValueError as e:  # what llama-cpp-python raises for a file llama.cpp refuses
+            raise LlamaCppError(f"llama.cpp could not open {path}: {e}") from None
         stack.callback(llm.close)
         peers.append(Peer(f"llama.cpp {gguf_type}", _runner(llm, max_new_tokens, eos), threads, baseline,
                           f"GGUF {gguf_type}, {NOTE}, llama-cpp-python {version}"))
