@@ -21,19 +21,21 @@ VARIANTS = {
 LITERT_VARIANTS = ("e2b_gemma4_centroid", "e4b_text_dense_kv_eq")
 
 
-@pytest.fixture(scope="session")
-def tool():
-    """name -> the module tools/<name>.py (scripts, not a package)."""
+def load_tool(name: str):
+    """The module tools/<name>.py (scripts, not a package)."""
     import importlib.util
     from pathlib import Path
 
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    return load
+
+@pytest.fixture(scope="session")
+def tool():
+    """name -> the module tools/<name>.py."""
+    return load_tool
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("litert_torch")
 
-from conftest import LITERT_VARIANTS, litertlm_texts  # noqa: E402
+from conftest import LITERT_VARIANTS, litertlm_texts, load_tool  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
 from mtpkit.export import quant_report  # noqa: E402
 from mtpkit.export.backends import litert_quant  # noqa: E402
@@ -225,16 +225,14 @@ def test_litert_accepts_quantized_recipes(tmp_path):
 
 def verified_rows_differing(folder, backend: str, trials: int = 8, k: int = 4) -> int:
     """Logit rows of verify calls (k + 1 tokens) that differ, in any bit, from the same tokens decoded one at a time
-    at the same positions: 0 means speculation cannot change a greedy token, not even at a near-tie."""
+    at the same positions (tools/lossless_check.py rows_differing): 0 means speculation cannot change a greedy
+    token, not even at a near-tie."""
+    rows_differing = load_tool("lossless_check").rows_differing
     target = Engine(folder, backend=backend).target
     rng, vocab, differing = np.random.default_rng(0), load_manifest(folder).model["vocab_size"], 0
     for trial in range(trials):
-        prompt = [2, *rng.integers(3, vocab, 20 + trial).tolist()]
-        target.forward(prompt, 0)
-        tokens = rng.integers(3, vocab, k + 1).tolist()
-        verified = target.forward(tokens, len(prompt))[0][-(k + 1):]
-        decoded = [target.forward([t], len(prompt) + j)[0][-1] for j, t in enumerate(tokens)]  # rewind: position
-        differing += sum(not np.array_equal(v, d) for v, d in zip(verified, decoded))
+        ids = [2, *rng.integers(3, vocab, 20 + trial + k + 1).tolist()]  # a prompt, then k + 1 tokens to verify
+        differing += rows_differing(target, ids, k)[0]
     return differing
 
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from mtpkit.runtime.cost_model import Costs, predict
 
+TOOLS = Path(__file__).resolve().parent
+
 
 def open_calls(folder: Path, backend: str | None, threads: int | None, past: int, max_k: int):
     """(engine, {call kind: zero-argument callable}) at position past, on the runtime's own KV cache."""
@@ -93,8 +95,9 @@ def measure(specs: list[tuple[Path, str | None]], threads: int | None, past: int
 def decode_weight_bytes(manifest, backend: str) -> int:
     """Bytes of the weights a decode call multiplies (not the tables it only gathers rows from)."""
     if backend == "onnx":
-        sys.path.insert(0, str(Path(__file__).parent))
-        import scale_bench  # noqa: PLC0415 (a sibling script)
+        if str(TOOLS) not in sys.path:
+            sys.path.insert(0, str(TOOLS))
+        import scale_bench  # noqa: PLC0415 (a sibling script: its ONNX weight accounting)
 
         return scale_bench.call_bytes(manifest, "decode", 0)["weights"]
     sig = manifest.backend(backend).signatures["decode"]
