@@ -21,6 +21,7 @@ from mtpkit.export import litert_patches  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
 from mtpkit.export.checkpoint import resolve  # noqa: E402
 from mtpkit.export.models import gemma4_assistant, gemma4_text  # noqa: E402
+from mtpkit.runtime.backends.litert import full_logits  # noqa: E402
 from mtpkit.tiny.make import TinySpec, make_tiny  # noqa: E402
 
 pytestmark = [pytest.mark.litert, pytest.mark.slow]
@@ -289,6 +290,17 @@ def test_b8_one_hot_still_unsupported():
         litert_torch.convert(_OneHot().eval(), (torch.tensor([[1, 2]]),))
 
 
+def test_runtime_spreads_selected_logits_as_the_graph_scatters():
+    """draft_masked returns a centroid head's selected tokens only; the runtime's spread must equal the scatter
+    `draft` (and transformers) computes, ties and the min - 1 fill included, or drafts would change."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 1, 48, generator=gen).round(decimals=1)  # rounding makes ties
+    ids = torch.randperm(256, generator=gen)[:48].view(1, 1, -1)
+    want = gemma4_assistant.scatter_selected(logits, ids, 256)[0, 0].numpy()
+    got = full_logits(logits[0, 0].numpy(), ids[0, 0].numpy().astype(np.int32), 256)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+
+
 def test_litert_workarounds_undone():
     ns = litert_patches.import_export_hf()
     before = (ns.exportable_module.LiteRTExportableModuleForDecoderOnlyLMGenerate.get_sample_inputs,
@@ -382,8 +394,18 @@ def test_drafter_matches_transformers(exported, view):
         for t, (lo, hi) in spans.items():
             masks[t][..., lo:hi] = 0.0
         common = {"activations": act.numpy(), "input_pos": np.array([pos], np.int32), **feeds}
-        got = g.runners["draft_masked"](full_mask=masks["full_attention"], sliding_mask=masks["sliding_attention"],
-                                        **common)
+        n, slots = store["sliding_attention"], backend.drafter_window(cfg, CACHE)  # draft_masked's sliding window
+        start = min(max(0, end - slots), CACHE - slots)
+        at = slice(start, start + slots)
+        windowed = {k: v for k, v in common.items() if not k.endswith(f"_{n}")}
+        windowed |= {f"window_k_{n}": feeds[f"kv_cache_k_{n}"][:, :, at], f"window_v_{n}": feeds[f"kv_cache_v_{n}"][..., at]}
+        got = g.runners["draft_masked"](full_mask=masks["full_attention"],
+                                        sliding_mask=masks["sliding_attention"][..., at], **windowed)
+        assert ("selected_ids" in got) == (drafter.masked_embedding is not None)  # only a centroid head selects
+        if "selected_ids" in got:  # its selected tokens, spread over the vocabulary as the runtime spreads them
+            head, ids = drafter.masked_embedding, got["selected_ids"][0, -1]
+            assert len(set(ids.tolist())) == ids.size == head.centroid_intermediate_top_k * head.vocab_size_per_centroid
+            got["logits"] = full_logits(got["selected_logits"][0, -1], ids, head.vocab_size)[None, None]
         _check(got["logits"][0], want.logits[0].numpy(), f"draft_masked {view}@{pos}")
         _check(got["projected_activations"][0], want.last_hidden_state[0].numpy(), f"draft_masked proj@{pos}")
         if view == "clean":

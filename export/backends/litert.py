@@ -3,7 +3,8 @@
 export_litert() writes into an existing folder and returns a JSON-able description of every signature (tensor
 names, shapes, dtypes and roles), so a runtime binds by role and never parses names or shapes. The drafter is
 exported in LiteRT-LM's drafter contract (signature 0 "draft": activations, input_pos, mask, the target's store
-layer caches by their target names -> logits, projected_activations) plus "draft_masked" with explicit masks.
+layer caches by their target names -> logits, projected_activations) plus "draft_masked", which mtpkit's runtime
+uses: explicit masks in and, for a centroid head, only the selected tokens' logits and ids out.
 """
 
 from __future__ import annotations
@@ -72,14 +73,31 @@ class LiteRTDraftStep(nn.Module):
                 "sliding_attention": torch.where(recent, zero, hidden)}
 
     def forward(self, activations, input_pos, **named):
-        if "mask" in named:  # LiteRT-LM's causal mask (j <= pos); intersecting keeps the clean view and uses it
+        lite_rt_lm = "mask" in named  # LiteRT-LM's contract: causal mask (j <= pos), vocabulary-wide logits
+        if lite_rt_lm:  # intersecting with the clean view keeps the clean view and uses the mask
             masks = {t: torch.minimum(m, named["mask"]) for t, m in self.clean_masks(input_pos).items()}
         else:
             masks = {"full_attention": named["full_mask"], "sliding_attention": named["sliding_mask"]}
-        shared = {t: (named[f"kv_cache_k_{n}"], named[f"kv_cache_v_{n}"]) for t, n in self.cache_index.items()}
+        shared = {t: _store(named, n) for t, n in self.cache_index.items()}
         logits, projected = gemma4_assistant.draft_forward(self.drafter, activations, input_pos, shared, masks,
-                                                           k_ts_idx=2, v_ts_idx=3)
+                                                           selected=not lite_rt_lm, k_ts_idx=2, v_ts_idx=3)
+        if isinstance(logits, tuple):  # draft_masked of a centroid head: the selected tokens only
+            return {"selected_logits": logits[0], "selected_ids": logits[1].to(torch.int32),
+                    "projected_activations": projected}
         return {"logits": logits, "projected_activations": projected}
+
+
+def _store(named: dict, n: int) -> tuple:
+    """A store layer's (K, V): draft_masked reads the sliding one through a window of its last W+1 slots."""
+    if f"window_k_{n}" in named:
+        return named[f"window_k_{n}"], named[f"window_v_{n}"]
+    return named[f"kv_cache_k_{n}"], named[f"kv_cache_v_{n}"]
+
+
+def drafter_window(target_config, cache_len: int) -> int:
+    """Slots of draft_masked's sliding window inputs: all a sliding layer can show the drafter (W+1 entries,
+    handoff.drafter_ranges), so its attention and input copies do not grow with the cache."""
+    return min(target_config.sliding_window + 1, cache_len)
 
 
 @contextlib.contextmanager
@@ -112,8 +130,12 @@ def drafter_samples(target_config, cache_index: dict[str, int], cache_len: int) 
     common = {"activations": torch.randn(1, 1, 2 * target_config.hidden_size),
               "input_pos": torch.tensor([3], dtype=torch.int32)}
     mask = torch.zeros(1, 1, 1, cache_len)
+    n, w = cache_index["sliding_attention"], drafter_window(target_config, cache_len)
+    masked = {k: v for k, v in kv.items() if not k.endswith(f"_{n}")}
+    masked |= {f"window_k_{n}": kv[f"kv_cache_k_{n}"][:, :, :w].clone(),
+               f"window_v_{n}": kv[f"kv_cache_v_{n}"][..., :w].clone()}
     return {"draft": {**common, "mask": mask, **kv},
-            "draft_masked": {**common, "full_mask": mask, "sliding_mask": mask.clone(), **kv}}
+            "draft_masked": {**common, "full_mask": mask, "sliding_mask": mask[..., :w].clone(), **masked}}
 
 
 def export_drafter(drafter_model: nn.Module, target_config, path: Path, cache_len: int, scratch: Path) -> None:
@@ -331,7 +353,8 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
 TARGET_ROLES = {"embeddings": "embeddings", "per_layer_embeddings": "per_layer_embeddings", "input_pos": "input_pos",
                 "mask": "mask", "logits": "logits", "activations": "activations"}
 DRAFTER_ROLES = {"activations": "embeds_and_activations", "input_pos": "input_pos", "mask": "mask", "full_mask": "mask",
-                 "sliding_mask": "mask", "logits": "logits", "projected_activations": "projected_activations"}
+                 "sliding_mask": "mask", "logits": "logits", "projected_activations": "projected_activations",
+                 "selected_logits": "selected_logits", "selected_ids": "selected_ids"}
 DRAFTER_MASK_TYPES = {"full_mask": "full_attention", "sliding_mask": "sliding_attention"}
 
 
@@ -342,6 +365,10 @@ def _tensor(name: str, detail: dict, kind: str, owners: list[int]) -> dict:
         layer = owners[int(index)]  # target and drafter both name caches by owner index (cache_indices)
         return {**spec, "role": "kv_key" if k_or_v == "k" else "kv_value", "layer": layer,
                 "seq_axis": 2 if k_or_v == "k" else 3}
+    if name.startswith("window_"):  # draft_masked's sliding store layer: a window of its cache
+        k_or_v, index = name.removeprefix("window_").split("_")
+        return {**spec, "role": "store_key" if k_or_v == "k" else "store_value", "layer": owners[int(index)],
+                "seq_axis": 2 if k_or_v == "k" else 3, "layer_type": "sliding_attention"}
     if kind == "target":
         role = TARGET_ROLES.get(name)
     elif kind == "drafter":
@@ -421,4 +448,7 @@ def mask_conventions(window: int) -> dict:
                       f"sliding layers add the window (j > input_pos[i]-{window}) in-graph",
             "draft": "[1,1,1,cache_len] LiteRT-LM's causal row (visible j <= input_pos); the graph takes "
                      "min() with the clean visibility, so any mask at least that permissive gives clean",
-            "draft_masked": "full_mask / sliding_mask [1,1,1,cache_len] used as given (e.g. HF's hand-off)"}
+            "draft_masked": "full_mask [1,1,1,cache_len] over the full store layer's cache; sliding_mask "
+                            "[1,1,1,S] over the sliding store layer's window_k/window_v, the S = min(W+1, cache_len) "
+                            "cache slots from window_start = min(max(0, hi - S), cache_len - S), hi the end of the "
+                            "visible range; both used as given (e.g. HF's hand-off)"}

@@ -84,11 +84,14 @@ class DraftStep(nn.Module):
 
 
 def draft_forward(model: nn.Module, embeds_and_activations, input_pos, shared: dict, masks: dict | None = None,
-                  **layer_kwargs):
+                  selected: bool = False, **layer_kwargs):
     """The drafter's step, shared by the ONNX and LiteRT exports: -> (logits, projected activations).
 
     shared: layer type -> the target store layer's (K, V); masks: layer type -> additive mask, or None when the
     host passes only visible entries. No soft-cap on drafter logits, whatever the config says (as HF).
+    selected: a centroid (ordered-embedding) head returns ((selected logits, their token ids), projected)
+    instead of scattering them over the whole vocabulary: at Gemma's 262144 ids the scatter costs more than
+    the drafter's four layers (docs/performance.md). A dense head ignores it.
     """
     text = model.model
     cfg = text.config
@@ -102,19 +105,24 @@ def draft_forward(model: nn.Module, embeds_and_activations, input_pos, shared: d
                        **layer_kwargs)
     hidden = text.norm(hidden)
     projected = model.post_projection(hidden)
-    if model.masked_embedding is not None:  # HF's .item() replaced by a tensor min; no one_hot (B8)
-        return _centroid_logits(model.masked_embedding, hidden, model.lm_head.weight), projected
-    return model.lm_head(hidden), projected
+    if model.masked_embedding is None:
+        return model.lm_head(hidden), projected
+    logits, ids = selected_logits(model.masked_embedding, hidden, model.lm_head.weight)
+    return ((logits, ids) if selected else scatter_selected(logits, ids, model.masked_embedding.vocab_size)), projected
 
 
-def _centroid_logits(head: nn.Module, hidden, lm_head_weight):
-    """HF's masked embedder with the data-dependent .item() replaced by a tensor min (same values)."""
+def selected_logits(head: nn.Module, hidden, lm_head_weight):
+    """HF's masked embedder up to its scatter: the logits of the top clusters' tokens [1,1,N] and their ids."""
     centroid_logits = head.centroids(hidden)  # [1,1,C]
     _, top = torch.topk(centroid_logits, k=head.centroid_intermediate_top_k, dim=-1)
     per_cluster = head.token_ordering.long().view(head.num_centroids, head.vocab_size_per_centroid)
-    selected = per_cluster[top].reshape(-1)  # [top_k * V/C] canonical token ids
-    rows = lm_head_weight[selected]  # [N, D]
-    selected_logits = (hidden.reshape(1, -1) @ rows.t()).reshape(1, 1, -1)
-    fill = selected_logits.min() - 1.0
-    out = torch.zeros(1, 1, head.vocab_size, dtype=hidden.dtype) + fill
-    return out.scatter(-1, selected.view(1, 1, -1), selected_logits)
+    ids = per_cluster[top].reshape(-1)  # [top_k * V/C] canonical token ids
+    rows = lm_head_weight[ids]  # [N, D]
+    return (hidden.reshape(1, -1) @ rows.t()).reshape(1, 1, -1), ids.view(1, 1, -1)
+
+
+def scatter_selected(logits, ids, vocab_size: int):
+    """HF's fill: every other token gets min(selected) - 1 (its data-dependent .item() as a tensor min; no
+    one_hot, B8). runtime/backends/litert.py full_logits does the same on the host."""
+    out = torch.zeros(1, 1, vocab_size, dtype=logits.dtype) + (logits.min() - 1.0)
+    return out.scatter(-1, ids, logits)

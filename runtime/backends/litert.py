@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Callable, TypeAlias
+from typing import Callable
 
 import numpy as np
 
@@ -20,9 +20,6 @@ from ..manifest import Backend, Manifest
 from ..peers import Peer
 from ..quiet import output_captured
 from . import Drafter, Feeds, Target
-
-# the drafter's view of the cache: None for the clean hand-off (the draft graph masks in-graph), else hf's ranges
-RangesView: TypeAlias = Ranges | None
 
 PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
 
@@ -121,14 +118,12 @@ class StateKV:
         rows = pos + np.arange(count)[:, None]
         return np.where(slots[None, :] <= rows, np.float32(0), self.hidden).astype(np.float32)[None, None]
 
-    def drafter_view(self, pos: int, mode: str) -> RangesView:
-        """None selects the drafter graph's in-graph clean view; hf needs explicit [lo, hi) ranges."""
-        if mode == "clean":
-            return None
+    def drafter_view(self, pos: int, mode: str) -> Ranges:
+        """[lo, hi) per layer type, which the drafter step turns into masks."""
         return drafter_ranges(pos, mode, self.last, self.sliding_past, self.drafter_sliding)
 
-    def range_mask(self, lo: int, hi: int) -> np.ndarray:
-        slots = np.arange(self.capacity)
+    def range_mask(self, lo: int, hi: int, size: int | None = None) -> np.ndarray:
+        slots = np.arange(self.capacity if size is None else size)
         return np.where((slots >= lo) & (slots < hi), np.float32(0), self.hidden).astype(np.float32).reshape(1, 1, 1, -1)
 
 
@@ -185,28 +180,61 @@ class StateTarget:
 
 
 class StateDrafter:
-    """LiteRT-LM's drafter contract: `draft` computes the clean view in-graph; `draft_masked` takes explicit
-    masks, which is how the hf hand-off (transformers' exact view) is reproduced."""
+    """Runs `draft_masked` with the hand-off's ranges as masks (the clean view's too, so a centroid head's
+    selected-token outputs and the sliding window serve every mode); `draft`, with the clean view in-graph and
+    whole caches, is LiteRT-LM's contract."""
 
-    def __init__(self, session: LiteRtSession, kv: StateKV):
-        self.session, self.kv = session, kv
-        sig = session.backend.signatures["draft"]
-        self.kv_keys = [t.key for t in sig.inputs if t.role.startswith("kv_")]
+    def __init__(self, session: LiteRtSession, kv: StateKV, vocab_size: int):
+        self.session, self.kv, self.vocab_size = session, kv, vocab_size
+        inputs = session.backend.signatures["draft_masked"].inputs
+        self.kv_keys = [t.key for t in inputs if t.role in ("kv_key", "kv_value")]
+        self.windows = [t for t in inputs if t.role in ("store_key", "store_value")]
+        self._round: tuple[list, Feeds] = ([], {})  # (what the feeds were built from, the feeds)
         self.calls = 0
 
-    def step(self, token: int, activations: np.ndarray, pos: int, view: RangesView) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, token: int, activations: np.ndarray, pos: int, view: Ranges) -> tuple[np.ndarray, np.ndarray]:
         emb, _ = embed(self.session, [token])  # the target's scaled embedding, from its embedder
         feeds = {("embeds_and_activations", None): np.concatenate([emb, activations.reshape(1, 1, -1)], axis=-1),
-                 ("input_pos", None): np.asarray([pos], np.int32), **{k: self.kv.tensors[k] for k in self.kv_keys}}
-        if view is None:
-            feeds[("mask", None)] = self.kv.causal_mask(pos, 1)
-            out = self.session.run("draft", feeds)
-        else:
-            for layer_type, (lo, hi) in view.items():
-                feeds[("mask", layer_type)] = self.kv.range_mask(lo, hi)
-            out = self.session.run("draft_masked", feeds)
+                 ("input_pos", None): np.asarray([pos], np.int32), **self._cache_feeds(view)}
+        out = self.session.run("draft_masked", feeds)
         self.calls += 1
-        return out[("logits", None)][0, -1], out[("projected_activations", None)][0, -1]
+        if ("selected_ids", None) in out:
+            logits = full_logits(out[("selected_logits", None)][0, -1], out[("selected_ids", None)][0, -1],
+                                 self.vocab_size)
+        else:
+            logits = out[("logits", None)][0, -1]
+        return logits, out[("projected_activations", None)][0, -1]
+
+    def _cache_feeds(self, view: Ranges) -> Feeds:
+        """Caches, windows and masks for a view; built once per round (its steps share view and caches)."""
+        source = [view, *self.kv.tensors.values()]
+        if len(source) == len(self._round[0]) and all(a is b for a, b in zip(source, self._round[0])):
+            return self._round[1]
+        feeds: Feeds = {k: self.kv.tensors[k] for k in self.kv_keys}
+        starts = {}
+        for t in self.windows:
+            axis, layer_type = int(t.seq_axis or 0), str(t.layer_type)
+            slots, (lo, hi) = int(t.shape[axis]), view[layer_type]
+            start = starts[layer_type] = min(max(0, hi - slots), self.kv.capacity - slots)
+            cache = self.kv.tensors[("kv_key" if t.role == "store_key" else "kv_value", t.layer)]
+            feeds[t.key] = np.ascontiguousarray(cache[(slice(None),) * axis + (slice(start, start + slots),)])
+        for layer_type, (lo, hi) in view.items():
+            start = starts.get(layer_type, 0)
+            feeds[("mask", layer_type)] = self.kv.range_mask(lo - start, hi - start, self._slots(layer_type))
+        self._round = (source, feeds)
+        return feeds
+
+    def _slots(self, layer_type: str) -> int:
+        window = next((t for t in self.windows if t.layer_type == layer_type), None)
+        return self.kv.capacity if window is None else int(window.shape[int(window.seq_axis or 0)])
+
+
+def full_logits(selected: np.ndarray, ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """A centroid head's vocabulary-wide logits, filled as the graph's `draft` signature and transformers fill
+    them (every unselected token: min(selected) - 1), so greedy and sampled drafts are unchanged."""
+    out = np.full(vocab_size, selected.min() - np.float32(1), np.float32)
+    out[ids] = selected
+    return out
 
 
 def embed(session: LiteRtSession, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -221,8 +249,8 @@ def embed(session: LiteRtSession, ids: list[int]) -> tuple[np.ndarray, np.ndarra
 
 
 def load(manifest: Manifest, backend: Backend,
-         threads: int | None = None) -> tuple[Target[RangesView], Drafter[RangesView]]:
+         threads: int | None = None) -> tuple[Target[Ranges], Drafter[Ranges]]:
     """The runtime backend contract (runtime/backends/__init__.py), which mypy checks these classes against."""
     session = LiteRtSession(manifest, backend, threads)
     kv = StateKV(manifest, backend)
-    return StateTarget(session, kv), StateDrafter(session, kv)
+    return StateTarget(session, kv), StateDrafter(session, kv, int(manifest.model["vocab_size"]))

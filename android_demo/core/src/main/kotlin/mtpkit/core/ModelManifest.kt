@@ -12,6 +12,7 @@ val ROLES = setOf(
     "input_ids", "input_pos", "embeddings", "per_layer_embeddings", "token_ids", "mask", "logits", "activations",
     "past_key", "past_value", "new_key", "new_value", "kv_key", "kv_value",
     "inputs_embeds", "embeds_and_activations", "store_key", "store_value", "projected_activations",
+    "selected_logits", "selected_ids",
 )
 
 /** A manifest or export folder that cannot be used; the message says what to do. */
