@@ -82,3 +82,30 @@ def test_demo_times_litert_lm_with_speculation_off_and_on(litert_exports):
     assert report["plain_ms_per_token"] > 0 and report["speculative_ms_per_token"] > 0
     assert 0 < report["min_speedup"] <= report["median_speedup"]
     assert _agree("abc", "abcd") and not _agree("abc", "abd") and not _agree("", "")
+
+
+def test_signature_call_equals_signature_runner_and_updates_caches_in_place(both):
+    """SignatureCall (outputs as views, the caches copied into place) against ai_edge_litert's own runner."""
+    import numpy as np
+
+    from mtpkit.runtime.backends import open_backend
+    from mtpkit.runtime.backends.litert import embed
+
+    target, _ = open_backend(load_manifest(both), "litert", threads=1)
+    target.forward([2, 80, 81, 82, 83], 0)  # non-zero caches
+    session, kv = target.session, target.kv
+    before = {k: id(v) for k, v in kv.tensors.items()}
+    emb, ple = embed(session, [84])  # the decode feeds as StateTarget builds them
+    feeds = {("embeddings", None): emb, ("input_pos", None): np.array([5], np.int32),
+             ("mask", None): kv.causal_mask(5, 1), **{k: v.copy() for k, v in kv.tensors.items()}}
+    if ple is not None:
+        feeds[("per_layer_embeddings", None)] = ple
+    sig = session.backend.signatures["decode"]
+    runner = session._runners[sig.graph].get_signature_runner(sig.backend_name)
+    want = runner(**{t.name: feeds[t.key] for t in sig.inputs})
+    got = session.run("decode", feeds, into=kv.tensors)
+    assert {k: id(v) for k, v in kv.tensors.items()} == before  # written in place, not replaced
+    for t in sig.outputs:
+        value = kv.tensors[t.key] if t.key in kv.tensors else got[t.key]
+        assert np.array_equal(value, want[t.name]), t.name
+    assert ("logits", None) in got and not any(k in got for k in kv.tensors)

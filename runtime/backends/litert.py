@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def peers(manifest: Manifest, threads: int | None, max_new_tokens: int, stack: c
 
 
 class LiteRtSession:
-    """ai_edge_litert Interpreter signature runners, one Interpreter per .tflite file."""
+    """One ai_edge_litert Interpreter per .tflite file; signatures run through SignatureCall."""
 
     def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None):
         from ai_edge_litert.interpreter import Interpreter
@@ -71,19 +71,48 @@ class LiteRtSession:
                                  **_OPTIONS)
             self._runners[name] = interp
         self.threads = {name: default_threads(threads) for name in self._runners}
-        self._cache: dict[str, Callable[..., dict[str, np.ndarray]]] = {}
+        self._cache: dict[str, SignatureCall] = {}
 
-    def run(self, signature: str, feeds: Feeds) -> Feeds:
+    def run(self, signature: str, feeds: Feeds, into: dict | None = None) -> Feeds:
+        """Outputs by key, fresh arrays; an output whose key is in `into` is copied into that array instead."""
         sig = self.backend.signatures[signature]
         inputs = {t.name: feeds[t.key] for t in sig.inputs}
-        runner = self._cache.get(signature)
-        if runner is not None:
-            out = runner(**inputs)
-        else:  # a runner's first invoke applies XNNPACK, which LiteRT announces on fd 2 (kept out of our output)
+        call = self._cache.get(signature)
+        if call is not None:
+            out = call(inputs)
+        else:  # a signature's first invoke applies XNNPACK, which LiteRT announces on fd 2 (kept out of our output)
             with output_captured(f"LiteRT's first {signature} call"):
-                runner = self._cache[signature] = self._runners[sig.graph].get_signature_runner(sig.backend_name)
-                out = runner(**inputs)
-        return {t.key: out[t.name] for t in sig.outputs}
+                call = self._cache[signature] = SignatureCall(self._runners[sig.graph], sig.backend_name)
+                out = call(inputs)
+        result = {}
+        for t in sig.outputs:
+            if into is not None and t.key in into:
+                np.copyto(into[t.key], out[t.name])
+            else:
+                result[t.key] = np.array(out[t.name])
+        return result
+
+
+class SignatureCall:
+    """A signature's call without SignatureRunner's fresh output arrays: it returns views of the interpreter's
+    buffers, valid until the signature runs again (LiteRtSession.run copies them out). SignatureRunner allocates
+    every output anew: at E2B ~40 MB of KV caches per call, pages faulted in on every call glibc's heap trim gave
+    back (docs/performance.md, "Allocation-free target calls"). ai-edge-litert 2.3.0's wrapper API, as its own
+    SignatureRunner.__call__ uses it; tests/test_litert_runtime.py compares the two."""
+
+    def __init__(self, interpreter: Any, key: str | None):
+        runner = interpreter.get_signature_runner(key)
+        self._interpreter, self._wrapper = interpreter, interpreter._interpreter
+        self._subgraph = runner._subgraph_index
+        self._inputs, self._outputs = dict(runner._inputs), dict(runner._outputs)
+        self._wrapper.AllocateTensors(self._subgraph)  # static shapes: once, not per call
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name, value in inputs.items():
+            self._wrapper.SetTensor(self._inputs[name], value, self._subgraph)
+        self._wrapper.Invoke(self._subgraph)
+        return {name: self._wrapper.tensor(self._interpreter, index, self._subgraph)
+                for name, index in self._outputs.items()}
 
 
 class StateKV:
@@ -93,6 +122,7 @@ class StateKV:
         opts = backend.options
         decode = backend.signatures["decode"]
         self.tensors = {t.key: np.zeros(t.shape, np.dtype(t.dtype)) for t in decode.inputs if t.role.startswith("kv_")}
+        self.version = 0  # counts changes of the caches: every target call updates them in place
         self.capacity = int(opts["cache_len"])
         self.hidden = np.float32(opts["mask"]["hidden"])
         spec = manifest.kv_cache
@@ -100,9 +130,6 @@ class StateKV:
         self.drafter_sliding = int(spec["drafter_sliding_visible"])
         self.last = LastCall()
 
-    def update(self, out: Feeds) -> None:
-        for key in self.tensors:
-            self.tensors[key] = out[key]
 
     def write(self, layer: int, key: np.ndarray, value: np.ndarray) -> None:
         """Positions 0..S-1 of layer's cache from K and V given as [1, h, S, d] (the export's check feeds the
@@ -111,6 +138,7 @@ class StateKV:
         k, v = (self.tensors[(role, layer)].copy() for role in ("kv_key", "kv_value"))  # outputs may be read-only
         k[:, :, :n], v[:, :, :, :n] = key, np.swapaxes(value, 2, 3)
         self.tensors[("kv_key", layer)], self.tensors[("kv_value", layer)] = k, v
+        self.version += 1
 
     def causal_mask(self, pos: int, count: int) -> np.ndarray:
         """[1,1,count,C]: row i (query at pos+i) sees every slot <= pos+i; the graph adds the sliding window."""
@@ -154,8 +182,8 @@ class StateTarget:
                  ("mask", None): self.kv.causal_mask(pos, len(ids)), **self.kv.tensors}
         if ple is not None:
             feeds[("per_layer_embeddings", None)] = ple
-        out = self.session.run(signature, feeds)
-        self.kv.update(out)
+        out = self.session.run(signature, feeds, into=self.kv.tensors)  # the caches updated in place
+        self.kv.version += 1
         return out
 
     def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -207,8 +235,8 @@ class StateDrafter:
 
     def _cache_feeds(self, view: Ranges) -> Feeds:
         """Caches, windows and masks for a view; built once per round (its steps share view and caches)."""
-        source = [view, *self.kv.tensors.values()]
-        if len(source) == len(self._round[0]) and all(a is b for a, b in zip(source, self._round[0])):
+        source = [view, self.kv.version]
+        if len(self._round[0]) == 2 and self._round[0][0] is view and self._round[0][1] == source[1]:
             return self._round[1]
         feeds: Feeds = {k: self.kv.tensors[k] for k in self.kv_keys}
         starts = {}
