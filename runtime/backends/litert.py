@@ -221,7 +221,7 @@ class StateDrafter:
         self.calls = 0
 
     def step(self, token: int, activations: np.ndarray, pos: int, view: Ranges) -> tuple[np.ndarray, np.ndarray]:
-        emb, _ = embed(self.session, [token])  # the target's scaled embedding, from its embedder
+        emb, _ = embed(self.session, [token], per_layer=False)  # the target's scaled embedding
         feeds = {("embeds_and_activations", None): np.concatenate([emb, activations.reshape(1, 1, -1)], axis=-1),
                  ("input_pos", None): np.asarray([pos], np.int32), **self._cache_feeds(view)}
         out = self.session.run("draft_masked", feeds)
@@ -265,13 +265,14 @@ def full_logits(selected: np.ndarray, ids: np.ndarray, vocab_size: int) -> np.nd
     return out
 
 
-def embed(session: LiteRtSession, ids: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per-token lookups through the embedder signatures (as LiteRT-LM's embedding managers do)."""
+def embed(session: LiteRtSession, ids: list[int], per_layer: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-token lookups through the embedder signatures (as LiteRT-LM's embedding managers do); per_layer=False
+    skips the per-layer embeddings (the drafter reads only the token's embedding)."""
     emb, ple = [], []
     for t in ids:
         token: Feeds = {("token_ids", None): np.asarray([[t]], np.int32)}
         emb.append(session.run("embed_decode", token)[("embeddings", None)])
-        if "per_layer_embed_decode" in session.backend.signatures:
+        if per_layer and "per_layer_embed_decode" in session.backend.signatures:
             ple.append(session.run("per_layer_embed_decode", token)[("per_layer_embeddings", None)])
     return np.concatenate(emb, axis=1), (np.concatenate(ple, axis=1) if ple else None)
 
