@@ -89,17 +89,12 @@ def test_signature_call_equals_signature_runner_and_updates_caches_in_place(both
     import numpy as np
 
     from mtpkit.runtime.backends import open_backend
-    from mtpkit.runtime.backends.litert import embed
 
     target, _ = open_backend(load_manifest(both), "litert", threads=1)
     target.forward([2, 80, 81, 82, 83], 0)  # non-zero caches
     session, kv = target.session, target.kv
     before = {k: id(v) for k, v in kv.tensors.items()}
-    emb, ple = embed(session, [84])  # the decode feeds as StateTarget builds them
-    feeds = {("embeddings", None): emb, ("input_pos", None): np.array([5], np.int32),
-             ("mask", None): kv.causal_mask(5, 1), **{k: v.copy() for k, v in kv.tensors.items()}}
-    if ple is not None:
-        feeds[("per_layer_embeddings", None)] = ple
+    feeds = {**target.feeds([84], 5), **{k: v.copy() for k, v in kv.tensors.items()}}  # the decode feeds
     sig = session.backend.signatures["decode"]
     runner = session._runners[sig.graph].get_signature_runner(sig.backend_name)
     want = runner(**{t.name: feeds[t.key] for t in sig.inputs})

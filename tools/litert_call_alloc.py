@@ -15,20 +15,11 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def fresh_call(target):
     """StateTarget._call as it was with SignatureRunner: outputs allocated per call, caches replaced by them."""
     def call(signature: str, ids: list[int], pos: int):
-        from mtpkit.runtime.backends.litert import embed
-
-        session, kv = target.session, target.kv
-        emb, ple = embed(session, ids)
-        feeds = {("embeddings", None): emb, ("input_pos", None): np.arange(pos, pos + len(ids), dtype=np.int32),
-                 ("mask", None): kv.causal_mask(pos, len(ids)), **kv.tensors}
-        if ple is not None:
-            feeds[("per_layer_embeddings", None)] = ple
+        session, kv, feeds = target.session, target.kv, target.feeds(ids, pos)
         sig = session.backend.signatures[signature]
         runner = session._runners[sig.graph].get_signature_runner(sig.backend_name)
         out = runner(**{t.name: feeds[t.key] for t in sig.inputs})

@@ -116,7 +116,8 @@ class SignatureCall:
 
 
 class StateKV:
-    """The target's cache tensors (K [1,h,C,d], V [1,h,d,C]), passed whole to every call and replaced by its outputs."""
+    """The target's cache tensors (K [1,h,C,d], V [1,h,d,C]), passed whole to every call and overwritten in place
+    with its outputs."""
 
     def __init__(self, manifest: Manifest, backend: Backend):
         opts = backend.options
@@ -177,14 +178,18 @@ class StateTarget:
         if pos + len(ids) > self.kv.capacity:
             raise CacheFullError(f"KV cache full: position {pos + len(ids)} is past the export's cache_len "
                                  f"{self.kv.capacity}; re-export with a larger --max-cache-len")
+        out = self.session.run(signature, self.feeds(ids, pos), into=self.kv.tensors)  # caches updated in place
+        self.kv.version += 1
+        return out
+
+    def feeds(self, ids: list[int], pos: int) -> Feeds:
+        """A target signature's inputs for ids at pos: embeddings, positions, causal mask and the caches."""
         emb, ple = embed(self.session, ids)
         feeds = {("embeddings", None): emb, ("input_pos", None): np.arange(pos, pos + len(ids), dtype=np.int32),
                  ("mask", None): self.kv.causal_mask(pos, len(ids)), **self.kv.tensors}
         if ple is not None:
             feeds[("per_layer_embeddings", None)] = ple
-        out = self.session.run(signature, feeds, into=self.kv.tensors)  # the caches updated in place
-        self.kv.version += 1
-        return out
+        return feeds
 
     def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Same contract as the ONNX Target; after a prefill only the last row is returned."""
@@ -217,7 +222,7 @@ class StateDrafter:
         inputs = session.backend.signatures["draft_masked"].inputs
         self.kv_keys = [t.key for t in inputs if t.role in ("kv_key", "kv_value")]
         self.windows = [t for t in inputs if t.role in ("store_key", "store_value")]
-        self._round: tuple[list, Feeds] = ([], {})  # (what the feeds were built from, the feeds)
+        self._round: tuple[Ranges | None, int, Feeds] = (None, -1, {})  # (view, cache version, its feeds)
         self.calls = 0
 
     def step(self, token: int, activations: np.ndarray, pos: int, view: Ranges) -> tuple[np.ndarray, np.ndarray]:
@@ -235,26 +240,22 @@ class StateDrafter:
 
     def _cache_feeds(self, view: Ranges) -> Feeds:
         """Caches, windows and masks for a view; built once per round (its steps share view and caches)."""
-        source = [view, self.kv.version]
-        if len(self._round[0]) == 2 and self._round[0][0] is view and self._round[0][1] == source[1]:
-            return self._round[1]
+        if self._round[0] is view and self._round[1] == self.kv.version:
+            return self._round[2]
         feeds: Feeds = {k: self.kv.tensors[k] for k in self.kv_keys}
-        starts = {}
+        spans = {}  # layer type -> (first cache slot, slots) of what its inputs hold; whole caches by default
         for t in self.windows:
             axis, layer_type = int(t.seq_axis or 0), str(t.layer_type)
             slots, (lo, hi) = int(t.shape[axis]), view[layer_type]
-            start = starts[layer_type] = min(max(0, hi - slots), self.kv.capacity - slots)
+            start = min(max(0, hi - slots), self.kv.capacity - slots)
+            spans[layer_type] = (start, slots)
             cache = self.kv.tensors[("kv_key" if t.role == "store_key" else "kv_value", t.layer)]
             feeds[t.key] = np.ascontiguousarray(cache[(slice(None),) * axis + (slice(start, start + slots),)])
         for layer_type, (lo, hi) in view.items():
-            start = starts.get(layer_type, 0)
-            feeds[("mask", layer_type)] = self.kv.range_mask(lo - start, hi - start, self._slots(layer_type))
-        self._round = (source, feeds)
+            start, slots = spans.get(layer_type, (0, self.kv.capacity))
+            feeds[("mask", layer_type)] = self.kv.range_mask(lo - start, hi - start, slots)
+        self._round = (view, self.kv.version, feeds)
         return feeds
-
-    def _slots(self, layer_type: str) -> int:
-        window = next((t for t in self.windows if t.layer_type == layer_type), None)
-        return self.kv.capacity if window is None else int(window.shape[int(window.seq_axis or 0)])
 
 
 def full_logits(selected: np.ndarray, ids: np.ndarray, vocab_size: int) -> np.ndarray:
