@@ -43,7 +43,12 @@ def test_one_table_compares_every_export_given(litert_exports, call_costs, tmp_p
     assert list(onnx["verify_ms"]) == ["1", "2", "3"]  # dynamic shapes: --max-k
     assert list(litert["verify_ms"]) == [str(k) for k in range(1, 9)]  # the export's static max_draft
     fastest = min(onnx["decode_ms"], litert["decode_ms"])
+    assert (len(onnx["draft_steps_ms"]), len(litert["draft_steps_ms"])) == (3, 8)  # a round of k_max steps
     for row in (onnx, litert):
+        assert row["draft_ms"] == pytest.approx(sum(row["draft_steps_ms"]) / len(row["draft_steps_ms"]))
+        # k drafts cost the round's first k steps: k = 1 is charged the first step alone
+        first = {**row, "draft_steps_ms": row["draft_steps_ms"][:1], "verify_ms": {1: row["verify_ms"]["1"]}}
+        assert row["predicted"]["0.4,0.3"][0] == call_costs.predicted(first, [0.4])[0]
         assert row["verify_ratio"] == pytest.approx(row["verify_ms"][str(max(map(int, row["verify_ms"])))]
                                                     / row["decode_ms"])
         assert [p["k"] for p in row["predicted"]["0.7,0.7,0.7"]] == [1, 2, 3]

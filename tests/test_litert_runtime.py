@@ -104,3 +104,42 @@ def test_signature_call_equals_signature_runner_and_updates_caches_in_place(both
         value = kv.tensors[t.key] if t.key in kv.tensors else got[t.key]
         assert np.array_equal(value, want[t.name]), t.name
     assert ("logits", None) in got and not any(k in got for k in kv.tensors)
+
+
+def test_drafter_steps_after_the_first_of_a_round_reuse_its_inputs(both, monkeypatch):
+    """A round's caches, windows and masks are set by its first step only; later steps (with a call of the other
+    drafter signature, other inputs, in between) draft exactly what steps that set everything draft, and after a
+    target call the next step sets them again."""
+    import numpy as np
+
+    from mtpkit.runtime.backends import open_backend
+
+    target, drafter = open_backend(load_manifest(both), "litert", threads=1)
+    _, hidden = target.forward([2, 80, 81, 82, 83, 84, 85, 86, 87, 88], 0)
+    view = target.kv.drafter_view(10, "clean")
+    session, held = drafter.session, []
+    run = session.run
+
+    def spy(signature, feeds, **kw):
+        if signature == "draft_masked":
+            held.append(len(kw.get("held", ())))
+        return run(signature, feeds, **kw)
+
+    monkeypatch.setattr(session, "run", spy)
+
+    def steps(fresh: bool) -> list[np.ndarray]:
+        out = []
+        for i, token in enumerate([89, 90, 91]):
+            drafter._held = drafter._held and not fresh
+            out.append(drafter.step(token, hidden[-1], 10 + i, view)[0])
+            other = session.backend.signatures["draft"]  # same interpreter, its own input buffers
+            session.run("draft", {t.key: np.zeros(t.shape, np.dtype(t.dtype)) for t in other.inputs})
+        return out
+
+    with_held = steps(False)
+    assert held[0] == 0 and held[1] == held[2] >= 4  # caches and masks (and windows) held after step 1
+    assert all(np.array_equal(a, b) for a, b in zip(with_held, steps(True)))
+    target.forward([89], 10)
+    held.clear()
+    drafter.step(90, hidden[-1], 11, target.kv.drafter_view(11, "clean"))
+    assert held == [0]

@@ -7,8 +7,10 @@ run, and the cost model's predicted speculative ms/token for a given acceptance 
 
 - calls, through the runtime's Target / Drafter (each backend's own KV handling included): decode (1 token),
   target calls of t = 2..k_max + 1 tokens (verify of k drafts; a static-shape LiteRT target runs its one verify
-  graph for each), and the drafter step, at position --past. k_max is the export's static max_draft, else
-  --max-k. Every export's calls are interleaved round by round, so all see the same machine load; --sequential
+  graph for each), and a round of k_max drafter steps right after the longest verify, as speculative decoding
+  runs them (a round's first step finds its inputs out of cache; later ones do not), at position --past. k_max is
+  the export's static max_draft, else --max-k. A round of k drafts costs its first k steps' medians. Every
+  export's calls are interleaved round by round, so all see the same machine load; --sequential
   times one export after the other instead (full-size exports that do not fit in memory together).
 - weights a decode reads: the weights of every weight-multiplying op in the target's decode graph (LiteRT:
   FULLY_CONNECTED; ONNX: tools/scale_bench.py's accounting); gathered tables (embeddings, per-layer embeddings)
@@ -46,28 +48,43 @@ def open_calls(folder: Path, backend: str | None, threads: int | None, past: int
     _, hidden = target.forward(list(range(2, past + 2)), 0)  # a context to attend to
     view = target.kv.drafter_view(past, "clean")
     runs = {f"target{t}": (lambda t=t: target.forward([0] * t, past)) for t in range(1, k_max + 2)}
-    runs["draft"] = lambda: drafter.step(0, hidden[-1], past, view)
+    runs["draft"] = lambda: draft_round(drafter, hidden[-1], past, view, k_max)
     return engine, runs, past
 
 
+def draft_round(drafter, hidden, past: int, view, k: int) -> list[float]:
+    """Seconds of each of k drafter steps in a row, as a speculative round runs them after a verify."""
+    times = []
+    for i in range(k):
+        t0 = time.perf_counter()
+        drafter.step(0, hidden, past + i, view)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def time_rounds(runs: dict, rounds: int) -> dict[str, float]:
-    """Median ms per call kind; round 0 warms up."""
-    samples: dict[str, list[float]] = {k: [] for k in runs}
+    """Median ms per call kind (a kind whose call returns its steps' seconds: per step, as KIND.0, KIND.1, ...);
+    round 0 warms up."""
+    samples: dict[str, list[float]] = {}
     for r in range(rounds + 1):
         for kind, call in runs.items():
             t0 = time.perf_counter()
-            call()
-            if r:
-                samples[kind].append(time.perf_counter() - t0)
+            steps = call()
+            took = ({f"{kind}.{i}": s for i, s in enumerate(steps)} if isinstance(steps, list)
+                    else {kind: time.perf_counter() - t0})
+            for key, seconds in took.items():
+                if r:
+                    samples.setdefault(key, []).append(seconds)
     return {k: 1e3 * statistics.median(v) for k, v in samples.items()}
 
 
 def describe(folder: Path, engine, past: int, ms: dict, prefix: str = "") -> dict:
     kinds = sorted(int(k.removeprefix(f"{prefix}target")) for k in ms if k.startswith(f"{prefix}target"))
+    steps = [ms[f"{prefix}draft.{i}"] for i in range(len(kinds) - 1)]
     backend = engine.backend.kind
     graph = engine.manifest.backend(backend).graphs["target"]
     return {"export": str(folder), "backend": backend, "recipe": graph.recipe, "threads": engine.threads, "past": past,
-            "decode_ms": ms[f"{prefix}target1"], "draft_ms": ms[f"{prefix}draft"],
+            "decode_ms": ms[f"{prefix}target1"], "draft_steps_ms": steps, "draft_ms": sum(steps) / len(steps),
             "verify_ms": {t - 1: ms[f"{prefix}target{t}"] for t in kinds[1:]},
             "decode_weight_bytes": decode_weight_bytes(engine.manifest, backend)}
 
@@ -150,22 +167,25 @@ def summarize(rows: list[dict], profiles: dict[str, list[float]], gbps: float | 
 
 
 def predicted(costs: dict, acceptance: list[float]) -> list[dict]:
-    target = (costs["decode_ms"], *costs["verify_ms"].values())
-    model = Costs(draft=costs["draft_ms"] / 1e3, target=tuple(t / 1e3 for t in target))
-    return predict(model, acceptance, range(1, min(len(costs["verify_ms"]), len(acceptance)) + 1))
+    """Per k, the cost model with that k's drafter step: the mean of a round's first k steps."""
+    target = tuple(t / 1e3 for t in (costs["decode_ms"], *costs["verify_ms"].values()))
+    steps = costs["draft_steps_ms"]
+    return [predict(Costs(draft=sum(steps[:k]) / k / 1e3, target=target), acceptance, [k])[0]
+            for k in range(1, min(len(costs["verify_ms"]), len(acceptance)) + 1)]
 
 
 def table(rows: list[dict], profiles: dict[str, list[float]]) -> list[str]:
     k_max = max(max(r["verify_ms"]) for r in rows)
     head = ["export", "backend", "recipe", "decode ms", f"verify({k_max + 1}) ms", "verify / decode",
-            "drafter ms", "decode weights GB", "bandwidth fraction"]
+            "drafter ms (steps of a round)", "decode weights GB", "bandwidth fraction"]
     for label in profiles:
         head += [f"best k ({label})", f"spec ms/token ({label})", f"vs fastest plain ({label})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         v = r["verify_ms"].get(k_max)
         cells = [Path(r["export"]).name, r["backend"], r["recipe"], f"{r['decode_ms']:.1f}",
-                 f"{v:.1f}" if v else "-", f"{r['verify_ratio']:.2f}", f"{r['draft_ms']:.1f}",
+                 f"{v:.1f}" if v else "-", f"{r['verify_ratio']:.2f}",
+                 f"{r['draft_ms']:.2f} ({' / '.join(f'{x:.2f}' for x in r['draft_steps_ms'])})",
                  f"{r['decode_weight_bytes'] / 1e9:.3f}",
                  f"{r['bandwidth_fraction']:.2f}" if r["bandwidth_fraction"] else "-"]
         for label in profiles:

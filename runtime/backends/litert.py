@@ -73,10 +73,11 @@ class LiteRtSession:
         self.threads = {name: default_threads(threads) for name in self._runners}
         self._cache: dict[str, SignatureCall] = {}
 
-    def run(self, signature: str, feeds: Feeds, into: dict | None = None) -> Feeds:
-        """Outputs by key, fresh arrays; an output whose key is in `into` is copied into that array instead."""
+    def run(self, signature: str, feeds: Feeds, into: dict | None = None, held: frozenset = frozenset()) -> Feeds:
+        """Outputs by key, fresh arrays; an output whose key is in `into` is copied into that array instead. Inputs
+        whose key is in `held` are not set: the signature's input buffers keep what its previous call was given."""
         sig = self.backend.signatures[signature]
-        inputs = {t.name: feeds[t.key] for t in sig.inputs}
+        inputs = {t.name: feeds[t.key] for t in sig.inputs if t.key not in held}
         call = self._cache.get(signature)
         if call is not None:
             out = call(inputs)
@@ -223,13 +224,18 @@ class StateDrafter:
         self.kv_keys = [t.key for t in inputs if t.role in ("kv_key", "kv_value")]
         self.windows = [t for t in inputs if t.role in ("store_key", "store_value")]
         self._round: tuple[Ranges | None, int, Feeds] = (None, -1, {})  # (view, cache version, its feeds)
+        self._held = False  # whether draft_masked's input buffers hold the round's feeds (set by its first step)
         self.calls = 0
 
     def step(self, token: int, activations: np.ndarray, pos: int, view: Ranges) -> tuple[np.ndarray, np.ndarray]:
         emb, _ = embed(self.session, [token], per_layer=False)  # the target's scaled embedding
-        feeds = {("embeds_and_activations", None): np.concatenate([emb, activations.reshape(1, 1, -1)], axis=-1),
-                 ("input_pos", None): np.asarray([pos], np.int32), **self._cache_feeds(view)}
-        out = self.session.run("draft_masked", feeds)
+        feeds: Feeds = {("embeds_and_activations", None): np.concatenate([emb, activations.reshape(1, 1, -1)], axis=-1),
+                        ("input_pos", None): np.asarray([pos], np.int32)}
+        round_feeds = self._cache_feeds(view)
+        # caches, windows and masks are set by a round's first step only: a 4 MB copy per step at E2B widths
+        held = frozenset(round_feeds) if self._held else frozenset()
+        out = self.session.run("draft_masked", {**feeds, **round_feeds}, held=held)
+        self._held = True
         self.calls += 1
         if ("selected_ids", None) in out:
             logits = full_logits(out[("selected_logits", None)][0, -1], out[("selected_ids", None)][0, -1],
@@ -254,7 +260,7 @@ class StateDrafter:
         for layer_type, (lo, hi) in view.items():
             start, slots = spans.get(layer_type, (0, self.kv.capacity))
             feeds[("mask", layer_type)] = self.kv.range_mask(lo - start, hi - start, slots)
-        self._round = (view, self.kv.version, feeds)
+        self._round, self._held = (view, self.kv.version, feeds), False
         return feeds
 
 
