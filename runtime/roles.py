@@ -30,8 +30,8 @@ ROLES = {
     # drafter signatures (draft / draft_masked)
     "inputs_embeds": "the target's scaled embedding of the newest token [1,1,H]",
     "embeds_and_activations": "[inputs_embeds, activations] concatenated [1,1,2H] (LiteRT-LM's drafter input)",
-    "store_key": "window input: a store layer's visible K entries [1,h,S,d] (ONNX), or LiteRT draft_masked's window "
-                 "of the sliding store layer's cache; layer and layer_type set",
+    "store_key": "window input: a store layer's visible K entries [1,h,S,d] (ONNX), or the S cache slots a LiteRT "
+                 "draft_masked signature reads of a store layer; layer and layer_type set",
     "store_value": "window input: a store layer's visible V entries [1,h,S,d] (LiteRT: transposed, seq_axis 3)",
     "projected_activations": "the drafter's activations for its next step [1,1,H]",
     "selected_logits": "a centroid drafter head's logits of the tokens it selected [1,1,N] (every other token: min - 1)",

@@ -323,7 +323,13 @@ def test_description_names_every_tensor(exported):
     assert set(sigs) == {f"prefill_{PREFILL}", "decode", "verify"}
     assert sigs["verify"]["num_tokens"] == DRAFTS + 1
     draft = info["files"]["drafter"]["signatures"]
-    assert draft["draft"]["index"] == 0 and set(draft) == {"draft", "draft_masked"}
+    assert draft["draft"]["index"] == 0 and set(draft) == {"draft", "draft_masked", "draft_masked_32"}
+    assert info["signatures"]["draft_windows"] == [{"full_slots": 32, "signature": "draft_masked_32"},
+                                                   {"full_slots": CACHE, "signature": "draft_masked"}]
+    full = info["kv_cache"]["store_layers"]["full_attention"]
+    prefix = {t["role"]: t for t in draft["draft_masked_32"]["inputs"] if t.get("layer") == full}
+    assert set(prefix) == {"store_key", "store_value"} and prefix["store_key"]["layer_type"] == "full_attention"
+    assert prefix["store_key"]["shape"][2] == prefix["store_value"]["shape"][3] == 32
     layers = {d["layer"] for d in info["kv_cache"]["layers"]}
     for t in sigs["decode"]["inputs"] + draft["draft"]["inputs"]:
         if t["role"] in ("kv_key", "kv_value"):
@@ -394,24 +400,36 @@ def test_drafter_matches_transformers(exported, view):
         for t, (lo, hi) in spans.items():
             masks[t][..., lo:hi] = 0.0
         common = {"activations": act.numpy(), "input_pos": np.array([pos], np.int32), **feeds}
-        n, slots = store["sliding_attention"], backend.drafter_window(cfg, CACHE)  # draft_masked's sliding window
-        start = min(max(0, end - slots), CACHE - slots)
-        at = slice(start, start + slots)
-        windowed = {k: v for k, v in common.items() if not k.endswith(f"_{n}")}
-        windowed |= {f"window_k_{n}": feeds[f"kv_cache_k_{n}"][:, :, at], f"window_v_{n}": feeds[f"kv_cache_v_{n}"][..., at]}
-        got = g.runners["draft_masked"](full_mask=masks["full_attention"],
-                                        sliding_mask=masks["sliding_attention"][..., at], **windowed)
-        assert ("selected_ids" in got) == (drafter.masked_embedding is not None)  # only a centroid head selects
-        if "selected_ids" in got:  # its selected tokens, spread over the vocabulary as the runtime spreads them
-            head, ids = drafter.masked_embedding, got["selected_ids"][0, -1]
-            assert len(set(ids.tolist())) == ids.size == head.centroid_intermediate_top_k * head.vocab_size_per_centroid
-            got["logits"] = full_logits(got["selected_logits"][0, -1], ids, head.vocab_size)[None, None]
-        _check(got["logits"][0], want.logits[0].numpy(), f"draft_masked {view}@{pos}")
-        _check(got["projected_activations"][0], want.last_hidden_state[0].numpy(), f"draft_masked proj@{pos}")
+        for slots, signature in ((s, w["signature"]) for w in info["signatures"]["draft_windows"]
+                                 if (s := w["full_slots"]) >= end):  # every signature whose full prefix shows it
+            got = _draft_masked(g, signature, common, masks, store, backend.drafter_window(cfg, CACHE), slots, end)
+            assert ("selected_ids" in got) == (drafter.masked_embedding is not None)  # only a centroid head selects
+            if "selected_ids" in got:  # its selected tokens, spread over the vocabulary as the runtime spreads them
+                head, ids = drafter.masked_embedding, got["selected_ids"][0, -1]
+                assert len(set(ids.tolist())) == ids.size == head.centroid_intermediate_top_k * head.vocab_size_per_centroid
+                got["logits"] = full_logits(got["selected_logits"][0, -1], ids, head.vocab_size)[None, None]
+            _check(got["logits"][0], want.logits[0].numpy(), f"{signature} {view}@{pos}")
+            _check(got["projected_activations"][0], want.last_hidden_state[0].numpy(), f"{signature} proj@{pos}")
         if view == "clean":
             got = g.runners["draft"](mask=g.causal_mask(pos, 1), **common)
             _check(got["logits"][0], want.logits[0].numpy(), f"draft@{pos}")
             _check(got["projected_activations"][0], want.last_hidden_state[0].numpy(), f"draft proj@{pos}")
+
+
+def _draft_masked(g, signature: str, common: dict, masks: dict, store: dict, window: int, full: int, end: int):
+    """One draft_masked signature on the runtime's inputs: the sliding store layer's last `window` slots, the full
+    one's first `full` (its whole cache when full is the capacity)."""
+    feeds = dict(common)
+    for layer_type, slots in (("sliding_attention", window), ("full_attention", full)):
+        n = store[layer_type]
+        if layer_type == "full_attention" and slots == CACHE:
+            continue
+        start = min(max(0, end - slots), CACHE - slots)
+        at = slice(start, start + slots)
+        k, v = feeds.pop(f"kv_cache_k_{n}"), feeds.pop(f"kv_cache_v_{n}")
+        feeds |= {f"window_k_{n}": k[:, :, at], f"window_v_{n}": v[..., at]}
+        masks = {**masks, layer_type: masks[layer_type][..., at]}
+    return g.runners[signature](full_mask=masks["full_attention"], sliding_mask=masks["sliding_attention"], **feeds)
 
 
 @pytest.mark.parametrize("drafts", ["drafter", "oracle"])

@@ -121,7 +121,7 @@ def test_drafter_steps_after_the_first_of_a_round_reuse_its_inputs(both, monkeyp
     run = session.run
 
     def spy(signature, feeds, **kw):
-        if signature == "draft_masked":
+        if signature.startswith("draft_masked"):
             held.append(len(kw.get("held", ())))
         return run(signature, feeds, **kw)
 
@@ -143,3 +143,31 @@ def test_drafter_steps_after_the_first_of_a_round_reuse_its_inputs(both, monkeyp
     held.clear()
     drafter.step(90, hidden[-1], 11, target.kv.drafter_view(11, "clean"))
     assert held == [0]
+
+
+def test_drafter_runs_the_shortest_full_prefix_that_holds_the_view(both):
+    """Of draft_masked's signatures, a step runs the one whose full-layer prefix is the shortest that holds the
+    visible range, and drafts what the whole-cache signature drafts."""
+    import numpy as np
+
+    from mtpkit.runtime.backends import open_backend
+
+    manifest = load_manifest(both)
+    windows = manifest.backend("litert").options["draft_windows"]
+    target, drafter = open_backend(manifest, "litert", threads=1)
+    cap = target.kv.capacity
+    assert [w["full_slots"] for w in windows] == [2 ** i for i in range(5, 12) if 2 ** i < cap] + [cap]
+    assert windows[-1]["signature"] == "draft_masked"
+    ids = [2] + [40 + (7 * i) % 90 for i in range(79)]
+    _, hidden = target.forward(ids, 0)
+    for pos in (5, 32, 33, 70):
+        view = target.kv.drafter_view(pos, "clean")
+        logits, projected = drafter.step(ids[pos], hidden[-1], pos, view)
+        want_slots = min(w["full_slots"] for w in windows if w["full_slots"] >= view["full_attention"][1])
+        assert drafter._round[2] == next(w["signature"] for w in windows if w["full_slots"] == want_slots)
+        whole = drafter.signatures
+        drafter.signatures, drafter._round = whole[-1:], (None, -1, "", {})
+        full_logits, full_projected = drafter.step(ids[pos], hidden[-1], pos, view)
+        drafter.signatures = whole
+        assert np.allclose(logits, full_logits, atol=1e-5) and np.argmax(logits) == np.argmax(full_logits)
+        assert np.allclose(projected, full_projected, atol=1e-5)

@@ -88,10 +88,23 @@ class LiteRTDraftStep(nn.Module):
 
 
 def _store(named: dict, n: int) -> tuple:
-    """A store layer's (K, V): draft_masked reads the sliding one through a window of its last W+1 slots."""
+    """A store layer's (K, V): draft_masked reads the sliding one through a window of its last W+1 slots and the full
+    one through a prefix of the cache (one signature per prefix length, draft_windows)."""
     if f"window_k_{n}" in named:
         return named[f"window_k_{n}"], named[f"window_v_{n}"]
     return named[f"kv_cache_k_{n}"], named[f"kv_cache_v_{n}"]
+
+
+def draft_windows(cache_len: int) -> list[int]:
+    """Cache slots the full store layer shows each draft_masked signature: powers of two from 32 below cache_len,
+    then cache_len. The runtime runs the smallest that holds the visible range, so a draft step reads and attends
+    over what its position needs, not the whole capacity (at e2b-wide widths, position 256: a 1024-slot cache
+    costs a drafter round 2.4x a 288-slot one)."""
+    return [s for s in (2 ** i for i in range(5, 32)) if s < cache_len] + [cache_len]
+
+
+def draft_signature(slots: int, cache_len: int) -> str:
+    return "draft_masked" if slots == cache_len else f"draft_masked_{slots}"
 
 
 def drafter_window(target_config, cache_len: int) -> int:
@@ -130,12 +143,20 @@ def drafter_samples(target_config, cache_index: dict[str, int], cache_len: int) 
     common = {"activations": torch.randn(1, 1, 2 * target_config.hidden_size),
               "input_pos": torch.tensor([3], dtype=torch.int32)}
     mask = torch.zeros(1, 1, 1, cache_len)
-    n, w = cache_index["sliding_attention"], drafter_window(target_config, cache_len)
-    masked = {k: v for k, v in kv.items() if not k.endswith(f"_{n}")}
-    masked |= {f"window_k_{n}": kv[f"kv_cache_k_{n}"][:, :, :w].clone(),
-               f"window_v_{n}": kv[f"kv_cache_v_{n}"][..., :w].clone()}
-    return {"draft": {**common, "mask": mask, **kv},
-            "draft_masked": {**common, "full_mask": mask, "sliding_mask": mask[..., :w].clone(), **masked}}
+    samples = {"draft": {**common, "mask": mask, **kv}}
+    w = drafter_window(target_config, cache_len)
+    for slots in draft_windows(cache_len):
+        shown = {"sliding_attention": w, "full_attention": slots}
+        windows = {}
+        for layer_type, n in cache_index.items():
+            if shown[layer_type] < cache_len or layer_type == "sliding_attention":
+                windows[f"window_k_{n}"] = kv[f"kv_cache_k_{n}"][:, :, :shown[layer_type]].clone()
+                windows[f"window_v_{n}"] = kv[f"kv_cache_v_{n}"][..., :shown[layer_type]].clone()
+            else:
+                windows |= {k: kv[k] for k in (f"kv_cache_k_{n}", f"kv_cache_v_{n}")}
+        samples[draft_signature(slots, cache_len)] = {**common, "full_mask": mask[..., :slots].clone(),
+                                                      "sliding_mask": mask[..., :w].clone(), **windows}
+    return samples
 
 
 def export_drafter(drafter_model: nn.Module, target_config, path: Path, cache_len: int, scratch: Path) -> None:
@@ -289,6 +310,8 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
         where["per_layer_embed_decode"] = ("per_layer_embedder", names["per_layer_embed_decode"])
     for entry in names["prefill"]:
         where[entry["signature"]] = ("target", entry["signature"])
+    for entry in names.get("draft_windows", []):
+        where[entry["signature"]] = ("drafter", entry["signature"])
     sigs = {}
     for key, (graph, name) in where.items():
         d = files[graph]["signatures"][name]
@@ -296,6 +319,8 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
                               d.get("num_tokens"), name)
     options = {k: info[k] for k in ("cache_len", "verify_len", "max_draft", "mask", "kv_cache", "drafter_visibility")}
     options["prefill"] = names["prefill"]
+    if "draft_windows" in names:
+        options["draft_windows"] = names["draft_windows"]
     options["bundle"] = {"file": bundle, "sections": info["bundle"].get("sections")}
     return Backend("litert", "state", graphs, sigs, options)
 
@@ -358,17 +383,17 @@ DRAFTER_ROLES = {"activations": "embeds_and_activations", "input_pos": "input_po
 DRAFTER_MASK_TYPES = {"full_mask": "full_attention", "sliding_mask": "sliding_attention"}
 
 
-def _tensor(name: str, detail: dict, kind: str, owners: list[int]) -> dict:
+def _tensor(name: str, detail: dict, kind: str, owners: list[int], store_types: dict[int, str]) -> dict:
     spec = {"name": name, "shape": [int(x) for x in detail["shape"]], "dtype": np.dtype(detail["dtype"]).name}
     if name.startswith("kv_cache_"):
         k_or_v, index = name.removeprefix("kv_cache_").split("_")
         layer = owners[int(index)]  # target and drafter both name caches by owner index (cache_indices)
         return {**spec, "role": "kv_key" if k_or_v == "k" else "kv_value", "layer": layer,
                 "seq_axis": 2 if k_or_v == "k" else 3}
-    if name.startswith("window_"):  # draft_masked's sliding store layer: a window of its cache
+    if name.startswith("window_"):  # draft_masked's store layers: a window of their caches
         k_or_v, index = name.removeprefix("window_").split("_")
         return {**spec, "role": "store_key" if k_or_v == "k" else "store_value", "layer": owners[int(index)],
-                "seq_axis": 2 if k_or_v == "k" else 3, "layer_type": "sliding_attention"}
+                "seq_axis": 2 if k_or_v == "k" else 3, "layer_type": store_types[int(index)]}
     if kind == "target":
         role = TARGET_ROLES.get(name)
     elif kind == "drafter":
@@ -390,7 +415,7 @@ def signature_order(path: Path) -> list[str]:
     return [model.SignatureDefs(i).SignatureKey().decode() for i in range(model.SignatureDefsLength())]
 
 
-def describe_file(path: Path, kind: str, owners: list[int]) -> dict:
+def describe_file(path: Path, kind: str, owners: list[int], store_types: dict[int, str]) -> dict:
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
     NO_DELEGATES = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES  # signatures only: XNNPACK would pack weights
@@ -399,8 +424,8 @@ def describe_file(path: Path, kind: str, owners: list[int]) -> dict:
     signatures = {}
     for index, key in enumerate(signature_order(path)):
         runner = interpreter.get_signature_runner(key)
-        ins = [_tensor(n, d, kind, owners) for n, d in sorted(runner.get_input_details().items())]
-        outs = [_tensor(n, d, kind, owners) for n, d in sorted(runner.get_output_details().items())]
+        ins = [_tensor(n, d, kind, owners, store_types) for n, d in sorted(runner.get_input_details().items())]
+        outs = [_tensor(n, d, kind, owners, store_types) for n, d in sorted(runner.get_output_details().items())]
         pos = next((t for t in ins if t["role"] in ("input_pos", "token_ids")), None)
         signatures[key] = {"index": index, "num_tokens": pos["shape"][-1] if pos else None, "inputs": ins,
                            "outputs": outs}
@@ -410,7 +435,8 @@ def describe_file(path: Path, kind: str, owners: list[int]) -> dict:
 def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, max_draft: int) -> dict:
     layers = gemma4_text.kv_layers(target_config)
     owners = [d.layer for d in layers]
-    files = {key: describe_file(out_dir / f"{key}.tflite", kind, owners) for key, kind in
+    store_types = {n: t for t, n in cache_indices(target_config).items()}
+    files = {key: describe_file(out_dir / f"{key}.tflite", kind, owners, store_types) for key, kind in
              (("target", "target"), ("embedder", "embeddings"), ("per_layer_embedder", "per_layer_embeddings"),
               ("drafter", "drafter"))}
     if signature_order(out_dir / "drafter.tflite")[0] != "draft":
@@ -425,6 +451,8 @@ def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, 
                                 "tf_lite_embedder", "tf_lite_per_layer_embedder", "tf_lite_mtp_drafter"]},
         "signatures": {"prefill": [{"num_tokens": prefill_len, "signature": f"prefill_{prefill_len}"}],
                        "decode": "decode", "verify": "verify", "draft": "draft", "draft_masked": "draft_masked",
+                       "draft_windows": [{"full_slots": n, "signature": draft_signature(n, cache_len)}
+                                         for n in draft_windows(cache_len)],
                        "embed_prefill": [{"num_tokens": prefill_len, "signature": f"prefill_embedder_{prefill_len}"}],
                        "embed_decode": "decode_embedder",
                        "per_layer_embed_prefill": [{"num_tokens": prefill_len,
@@ -448,7 +476,10 @@ def mask_conventions(window: int) -> dict:
                       f"sliding layers add the window (j > input_pos[i]-{window}) in-graph",
             "draft": "[1,1,1,cache_len] LiteRT-LM's causal row (visible j <= input_pos); the graph takes "
                      "min() with the clean visibility, so any mask at least that permissive gives clean",
-            "draft_masked": "full_mask [1,1,1,cache_len] over the full store layer's cache; sliding_mask "
-                            "[1,1,1,S] over the sliding store layer's window_k/window_v, the S = min(W+1, cache_len) "
-                            "cache slots from window_start = min(max(0, hi - S), cache_len - S), hi the end of the "
-                            "visible range; both used as given (e.g. HF's hand-off)"}
+            "draft_masked": "full_mask [1,1,1,F] over the first F slots of the full store layer's cache (the "
+                            "whole cache, kv_cache_k/v, when F = cache_len; else window_k/window_v), F the "
+                            "signature's full_slots in options.draft_windows (run the smallest F >= hi); "
+                            "sliding_mask [1,1,1,S] over the sliding store layer's window_k/window_v, the "
+                            "S = min(W+1, cache_len) cache slots from window_start = min(max(0, hi - S), "
+                            "cache_len - S); hi the end of each layer type's visible range; masks used as given "
+                            "(e.g. HF's hand-off)"}

@@ -215,15 +215,16 @@ class StateTarget:
 
 class StateDrafter:
     """Runs `draft_masked` with the hand-off's ranges as masks (the clean view's too, so a centroid head's
-    selected-token outputs and the sliding window serve every mode); `draft`, with the clean view in-graph and
-    whole caches, is LiteRT-LM's contract."""
+    selected-token outputs and the windows serve every mode): of its signatures (options.draft_windows), the one
+    whose full-layer prefix is the shortest that holds the visible range. `draft`, with the clean view in-graph
+    and whole caches, is LiteRT-LM's contract."""
 
     def __init__(self, session: LiteRtSession, kv: StateKV, vocab_size: int):
         self.session, self.kv, self.vocab_size = session, kv, vocab_size
-        inputs = session.backend.signatures["draft_masked"].inputs
-        self.kv_keys = [t.key for t in inputs if t.role in ("kv_key", "kv_value")]
-        self.windows = [t for t in inputs if t.role in ("store_key", "store_value")]
-        self._round: tuple[Ranges | None, int, Feeds] = (None, -1, {})  # (view, cache version, its feeds)
+        windows = session.backend.options.get("draft_windows") or [{"full_slots": kv.capacity,
+                                                                    "signature": "draft_masked"}]
+        self.signatures = sorted((int(w["full_slots"]), str(w["signature"])) for w in windows)
+        self._round: tuple[Ranges | None, int, str, Feeds] = (None, -1, "", {})  # (view, version, signature, feeds)
         self._held = False  # whether draft_masked's input buffers hold the round's feeds (set by its first step)
         self.calls = 0
 
@@ -231,10 +232,10 @@ class StateDrafter:
         emb, _ = embed(self.session, [token], per_layer=False)  # the target's scaled embedding
         feeds: Feeds = {("embeds_and_activations", None): np.concatenate([emb, activations.reshape(1, 1, -1)], axis=-1),
                         ("input_pos", None): np.asarray([pos], np.int32)}
-        round_feeds = self._cache_feeds(view)
+        signature, round_feeds = self._cache_feeds(view)
         # caches, windows and masks are set by a round's first step only: a 4 MB copy per step at E2B widths
         held = frozenset(round_feeds) if self._held else frozenset()
-        out = self.session.run("draft_masked", {**feeds, **round_feeds}, held=held)
+        out = self.session.run(signature, {**feeds, **round_feeds}, held=held)
         self._held = True
         self.calls += 1
         if ("selected_ids", None) in out:
@@ -244,13 +245,17 @@ class StateDrafter:
             logits = out[("logits", None)][0, -1]
         return logits, out[("projected_activations", None)][0, -1]
 
-    def _cache_feeds(self, view: Ranges) -> Feeds:
-        """Caches, windows and masks for a view; built once per round (its steps share view and caches)."""
+    def _cache_feeds(self, view: Ranges) -> tuple[str, Feeds]:
+        """The signature and its caches, windows and masks for a view; built once per round (its steps share view
+        and caches)."""
         if self._round[0] is view and self._round[1] == self.kv.version:
-            return self._round[2]
-        feeds: Feeds = {k: self.kv.tensors[k] for k in self.kv_keys}
+            return self._round[2], self._round[3]
+        hi = view.get("full_attention", (0, 0))[1]
+        signature = next((s for slots, s in self.signatures if slots >= hi), self.signatures[-1][1])
+        inputs = self.session.backend.signatures[signature].inputs
+        feeds: Feeds = {t.key: self.kv.tensors[t.key] for t in inputs if t.role in ("kv_key", "kv_value")}
         spans = {}  # layer type -> (first cache slot, slots) of what its inputs hold; whole caches by default
-        for t in self.windows:
+        for t in (t for t in inputs if t.role in ("store_key", "store_value")):
             axis, layer_type = int(t.seq_axis or 0), str(t.layer_type)
             slots, (lo, hi) = int(t.shape[axis]), view[layer_type]
             start = min(max(0, hi - slots), self.kv.capacity - slots)
@@ -260,8 +265,8 @@ class StateDrafter:
         for layer_type, (lo, hi) in view.items():
             start, slots = spans.get(layer_type, (0, self.kv.capacity))
             feeds[("mask", layer_type)] = self.kv.range_mask(lo - start, hi - start, slots)
-        self._round, self._held = (view, self.kv.version, feeds), False
-        return feeds
+        self._round, self._held = (view, self.kv.version, signature, feeds), False
+        return signature, feeds
 
 
 def full_logits(selected: np.ndarray, ids: np.ndarray, vocab_size: int) -> np.ndarray:
