@@ -1,5 +1,5 @@
-"""tools/call_costs.py: recipes side by side in one table; the LiteRT bytes accounting against the checkpoint; no
-timing asserted."""
+"""tools/call_costs.py and tools/drafter_round.py: recipes side by side in one table; the LiteRT bytes accounting
+against the checkpoint; a drafter round with held inputs; no timing asserted."""
 
 from __future__ import annotations
 
@@ -59,3 +59,11 @@ def test_one_table_compares_every_export_given(litert_exports, call_costs, tmp_p
     table = (tmp_path / "r.md").read_text().splitlines()
     assert table[0].startswith("| export | backend | recipe | decode ms") and len(table[2:4]) == 2
     assert "vs fastest plain (0.7,0.7,0.7)" in table[0] and "vs fastest plain (0.4,0.3)" in table[0] and "command: `python tools/call_costs.py" in (tmp_path / "r.md").read_text()
+
+
+def test_drafter_round_tool_drafts_the_same_with_held_inputs(litert_exports, tool, capsys):
+    """tools/drafter_round.py asserts held-input rounds draft what rounds setting every input draft; at position
+    40 the runtime runs the 64-slot full-prefix signature."""
+    assert tool("drafter_round").main([str(litert_exports(NAME)), "--past", "40", "--rounds", "1", "--held-vs-set"]) == 0
+    out = capsys.readouterr().out
+    assert "(draft_masked_64)" in out and "every input set every step" in out and "held after step 1" in out
