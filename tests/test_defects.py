@@ -93,12 +93,15 @@ def test_litert_drafter_caches_are_named_by_owner_index():
     """export/backends/litert.py read the drafter's kv_cache_<k|v>_<n> as layer n but the target's as the n-th
     KV owner; LiteRT-LM hands the drafter the target's caches by name, so both must mean the n-th owner."""
     pytest.importorskip("litert_torch")
-    from mtpkit.export.backends import litert
+    from mtpkit.export.backends import litert_describe
 
     owners = [0, 1, 2, 5]  # a layout where a KV owner comes after a shared layer
     detail = {"shape": [1, 1, 16, 8], "dtype": np.float32}
-    assert litert._tensor("kv_cache_k_3", detail, "drafter", owners)["layer"] == 5
-    assert litert._tensor("kv_cache_k_3", detail, "target", owners)["layer"] == 5
+    stores = {2: "sliding_attention", 3: "full_attention"}
+    assert litert_describe._tensor("kv_cache_k_3", detail, "drafter", owners, stores)["layer"] == 5
+    assert litert_describe._tensor("kv_cache_k_3", detail, "target", owners, stores)["layer"] == 5
+    window = litert_describe._tensor("window_k_3", detail, "drafter", owners, stores)  # a full-layer prefix
+    assert (window["layer"], window["layer_type"], window["role"]) == (5, "full_attention", "store_key")
 
 
 def test_litert_cache_indices_of_gemma4_store_layers(tiny_checkpoints):
