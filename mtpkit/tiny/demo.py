@@ -20,7 +20,7 @@ drafter costs 1/3 of a target call, so speculation barely pays).
 Steps: export the float pair to DIR and replay the transformers reference through the runtime on each
 backend (token-for-token parity; float graphs, since quantized weights cannot equal transformers); derive
 the recipe that is timed, DIR/RECIPE (LiteRT int8 by default, the recipe docs/quantization.md recommends for
-speculative decoding: exact and cheap to verify); time speculative against plain decoding on it, checking
+speculative decoding: exact, and cheap to verify on CPUs with int8 dot-product instructions); time speculative against plain decoding on it, checking
 that both give the same tokens on every prompt; with the litert backend also LiteRT-LM (the runtime the
 Android app ships) on DIR/RECIPE/model.litertlm, speculative decoding off and on. `mtpkit bench DIR/RECIPE
 --peers` compares it with transformers and the other runtimes. Nothing is downloaded.
@@ -35,7 +35,8 @@ RECOMMENDED = {"litert": "int8", "onnx": "fp32"}
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.epilog = EPILOG
-    p.add_argument("out", type=Path, help="export folder to create (the float export; the timed recipe in DIR/RECIPE)")
+    p.add_argument("out", type=Path, metavar="DIR",
+                   help="export folder to create (the float export; the timed recipe in DIR/RECIPE)")
     p.add_argument("--pair", choices=PAIRS, default=PAIRS[0], help="which demo pair (default e2b-shaped)")
     p.add_argument("--backend", default="litert", help="litert, onnx or onnx,litert (default litert)")
     p.add_argument("--quant", choices=RECIPES, default=None,
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--repeats", type=int, default=3, help="interleaved bench runs per prompt (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--force", action="store_true", help="replace DIR if it exists")
 
 
 def run(args: argparse.Namespace) -> int:
