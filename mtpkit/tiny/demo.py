@@ -20,8 +20,8 @@ drafter costs 1/3 of a target call, so speculation barely pays).
 Steps: export the float pair to DIR and replay the transformers reference through the runtime on each
 backend (token-for-token parity; float graphs, since quantized weights cannot equal transformers); derive
 the recipe that is timed, DIR/RECIPE (LiteRT int8 by default, the recipe docs/quantization.md recommends for
-speculative decoding: exact, and cheap to verify on CPUs with int8 dot-product instructions); time speculative against plain decoding on it, checking
-that both give the same tokens on every prompt; with the litert backend also LiteRT-LM (the runtime the
+speculative decoding: exact, and cheap to verify on CPUs with int8 dot-product instructions); time speculative
+against plain decoding on it, checking that both give the same tokens on every prompt; with the litert backend also LiteRT-LM (the runtime the
 Android app ships) on DIR/RECIPE/model.litertlm, speculative decoding off and on. `mtpkit bench DIR/RECIPE
 --peers` compares it with transformers and the other runtimes. Nothing is downloaded.
 """
@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     asked = {b.strip() for b in args.backend.split(",")}
     backends = [b for b in cfg.backend if b in asked]  # litert's export adds the onnx graphs it is checked against
     out = export_model(cfg)
-    timed = {b: derived(out, args.quant or RECOMMENDED[b], cfg.block_size) for b in backends}
+    recipes = {b: args.quant or RECOMMENDED[b] for b in backends}
+    folders = {r: derived(out, r, cfg.block_size) for r in set(recipes.values())}  # each recipe derived once
+    timed = {b: folders[r] for b, r in recipes.items()}
     (out / "demo_pair.json").write_text(json.dumps(record, indent=1) + "\n")
     failures = []
     for backend in backends:
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
               f"{parity['checks'] - parity['failed']}/{parity['checks']} checks, k in {parity['draft_lengths']}")
         failures += [] if parity["ok"] else [f"parity ({backend}) failed; see `mtpkit parity {out}` for the mismatches"]
     for backend in backends:
-        recipe = args.quant or RECOMMENDED[backend]
+        recipe = recipes[backend]
         report = heldout_check(timed[backend], backend, args.threads, args.max_new_tokens, args.repeats)
         report["recipe"], report["export"] = recipe, str(timed[backend])
         print_heldout(report)
@@ -90,11 +92,11 @@ def run(args: argparse.Namespace) -> int:
 
 def derived(out: Path, recipe: str, block_size: int) -> Path:
     """OUT itself for fp32, else OUT/RECIPE: the float export with RECIPE applied to target and drafter on every
-    backend (as `mtpkit quant-report` derives it), built beside OUT and moved in whole, once."""
+    backend (as `mtpkit quant-report` derives it), built beside OUT and moved in whole."""
     from mtpkit.export.quant_report import derive_quantized
 
-    if recipe == "fp32" or (out / recipe).exists():
-        return out if recipe == "fp32" else out / recipe
+    if recipe == "fp32":
+        return out
     staging = out.with_name(f".{out.name}.{recipe}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     log.info("deriving the %s recipe from the float export into %s", recipe, out / recipe)
