@@ -21,8 +21,8 @@ Steps: export the float pair to DIR and replay the transformers reference throug
 backend (token-for-token parity; float graphs, since quantized weights cannot equal transformers); derive
 the recipe that is timed, DIR/RECIPE (LiteRT int8 by default, the recipe docs/quantization.md recommends for
 speculative decoding: exact, and cheap to verify on CPUs with int8 dot-product instructions); time speculative
-against plain decoding on it, checking that both give the same tokens on every prompt; with the litert backend also LiteRT-LM (the runtime the
-Android app ships) on DIR/RECIPE/model.litertlm, speculative decoding off and on. `mtpkit bench DIR/RECIPE
+against plain decoding on it, checking that both give the same tokens on every prompt; with the litert backend
+also LiteRT-LM (the runtime the Android app ships) on DIR/RECIPE/model.litertlm, speculative decoding off and on. `mtpkit bench DIR/RECIPE
 --peers` compares it with transformers and the other runtimes. Nothing is downloaded.
 """
 PAIRS = ("e2b-shaped", "small")
