@@ -25,6 +25,10 @@ DTYPES = ("auto", "fp32", "bf16", "fp16")  # what the exporter holds the target'
 MIN_CACHE_LEN = 16
 DEFAULT_MAX_CACHE_LEN = 4096  # adapts down to the target's max_position_embeddings when that is smaller
 DEFAULT_PREFILL_LEN = 128  # adapts down to the KV capacity when that is smaller
+# LiteRT verifies max_draft + 1 tokens in one static call. XNNPACK multiplies int8 / int4 rows in tiles of 4 on
+# ARM64 and AVX2 (gemm-config.c `mr`) and streams the weights once per tile, so a 5th token costs a second pass
+# (docs/scale-bench.md, "Verify length and XNNPACK's row tile").
+DEFAULT_MAX_DRAFT = 3
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class ExportConfig:
     reference_tokens: int = 32  # new tokens per reference prompt recorded from transformers
     check: bool = True  # verify every graph against PyTorch before declaring success
     prefill_len: int | None = None  # LiteRT: static prefill chunk (prompts padded / chunked); None: 128 or capacity
-    max_draft: int | None = None  # LiteRT: drafts per static verify call; default: the drafter's num_assistant_tokens
+    max_draft: int | None = None  # LiteRT: drafts per static verify call; default: DEFAULT_MAX_DRAFT or the drafter's k
     memory_budget: float | None = None  # GiB the export may use at its peak (preflight.py); None: MemAvailable
     dtype: str = "auto"  # target weights while exporting: fp32 | bf16 | fp16; auto: fp32 if it fits, else as stored
     calibration: Path | None = None  # int4's calibration prompts (.jsonl); None: the built-in set (calibration.py)
@@ -96,6 +100,7 @@ class ExportConfig:
         (and is logged); a value the user gave that does not fit is refused in one line.
 
         max_positions: the target's max_position_embeddings; drafter_k: the drafter's num_assistant_tokens.
+        --max-draft defaults to the drafter's num_assistant_tokens, at most DEFAULT_MAX_DRAFT (logged for LiteRT).
         """
         cache = _fit("--max-cache-len", self.max_cache_len, DEFAULT_MAX_CACHE_LEN, max_positions,
                      f"the target's max_position_embeddings ({max_positions})")
@@ -103,7 +108,10 @@ class ExportConfig:
             raise UsageError(f"the target holds only {max_positions} positions (max_position_embeddings); mtpkit "
                              f"needs a KV capacity of at least {MIN_CACHE_LEN}")
         prefill = _fit("--prefill-len", self.prefill_len, DEFAULT_PREFILL_LEN, cache, f"the KV capacity ({cache})")
-        max_draft = _fit("--max-draft", self.max_draft, drafter_k, cache - 1,
+        if self.max_draft is None and drafter_k > DEFAULT_MAX_DRAFT and "litert" in self.backend:
+            log.info("  --max-draft %d (LiteRT verify calls of %d tokens, XNNPACK's row tile on ARM64 and AVX2; the "
+                     "drafter's num_assistant_tokens is %d)", DEFAULT_MAX_DRAFT, DEFAULT_MAX_DRAFT + 1, drafter_k)
+        max_draft = _fit("--max-draft", self.max_draft, min(drafter_k, DEFAULT_MAX_DRAFT), cache - 1,
                          f"the KV capacity ({cache}) less the verified token")
         return replace(self, max_cache_len=cache, prefill_len=prefill, max_draft=max_draft)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -16,6 +17,8 @@ from .sampling import Sampler, SamplingConfig
 from .speculative import SCHEDULES, DraftSchedule, fit_draft, plain_generate, speculative_generate
 from .stats import Stats, timed
 from .tokenizer import TextCodec
+
+log = logging.getLogger("mtpkit")
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class Engine:
             policy = self.auto_policy(cap)
             return DraftSchedule("auto", policy.start(), cap, policy)
         gen = self.manifest.generation
-        k = cfg.num_assistant_tokens or int(gen["num_assistant_tokens"])
+        k = cfg.num_assistant_tokens or self.default_k
         assert isinstance(k, int)  # "auto" took the branch above
         kind = cfg.schedule or gen.get("num_assistant_tokens_schedule", "constant")
         cap = max(cfg.draft_cap, k)
@@ -92,6 +95,15 @@ class Engine:
             raise UsageError(f"this {self.backend.kind} export verifies at most {self.max_draft} drafts per round; use "
                              f"--num-assistant-tokens <= {self.max_draft} or re-export with a larger --max-draft")
         return DraftSchedule(kind, k, fit_draft(cap, self.max_draft))
+
+    @property
+    def default_k(self) -> int:
+        """The drafter's num_assistant_tokens, capped by a static verify length (logged): a default adapts."""
+        k = int(self.manifest.generation["num_assistant_tokens"])
+        if fit_draft(k, self.max_draft) < k:
+            log.info("k = %d: the drafter's num_assistant_tokens (%d) capped by this %s export's verify length",
+                     self.max_draft, k, self.backend.kind)
+        return fit_draft(k, self.max_draft)
 
     def auto_policy(self, k_max: int) -> AutoPolicy:
         """The engine's auto policy, created and calibrated (a few timed calls) on first use."""

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from mtpkit.errors import UsageError
-from mtpkit.export.config import ExportConfig
+from mtpkit.export.config import DEFAULT_MAX_DRAFT, ExportConfig
 
 
 def _cfg(tmp_path, **kw) -> ExportConfig:
@@ -19,11 +19,46 @@ def _cfg(tmp_path, **kw) -> ExportConfig:
 def test_shape_defaults_adapt_to_a_model_with_few_positions(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="mtpkit"):
         cfg = _cfg(tmp_path).fitted(max_positions=512, drafter_k=4)
-    assert (cfg.max_cache_len, cfg.prefill_len, cfg.max_draft) == (512, 128, 4)
+    assert (cfg.max_cache_len, cfg.prefill_len, cfg.max_draft) == (512, 128, 3)  # at most DEFAULT_MAX_DRAFT
     assert "--max-cache-len 512 (the default 4096 exceeds the target's max_position_embeddings (512))" in caplog.text
     small = _cfg(tmp_path, max_cache_len=16).fitted(max_positions=512, drafter_k=20)
-    assert (small.max_cache_len, small.prefill_len, small.max_draft) == (16, 16, 15)  # each default capped
+    assert (small.max_cache_len, small.prefill_len, small.max_draft) == (16, 16, 3)  # prefill capped by the cache
     assert _cfg(tmp_path).fitted(max_positions=8192, drafter_k=4).max_cache_len == 4096  # the default when it fits
+
+
+def test_the_default_verify_length_is_xnnpacks_row_tile_and_says_so_for_litert(tmp_path, caplog):
+    """LiteRT verifies max_draft + 1 tokens per static call; XNNPACK's int8 / int4 kernels take 4 rows per pass
+    on ARM64 and AVX2, so the default stops at 3 drafts, below a drafter's larger k, and logs it."""
+    with caplog.at_level(logging.INFO, logger="mtpkit"):
+        lite = _cfg(tmp_path, backend="litert").fitted(max_positions=8192, drafter_k=6)
+    assert lite.max_draft == DEFAULT_MAX_DRAFT == 3
+    assert "--max-draft 3 (LiteRT verify calls of 4 tokens" in caplog.text
+    assert _cfg(tmp_path, backend="litert").fitted(max_positions=8192, drafter_k=2).max_draft == 2  # the drafter's
+    assert _cfg(tmp_path, backend="litert", max_draft=6).fitted(max_positions=8192, drafter_k=6).max_draft == 6
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mtpkit"):
+        _cfg(tmp_path, backend="onnx").fitted(max_positions=8192, drafter_k=6)  # ONNX verifies any length
+    assert "--max-draft" not in caplog.text
+
+
+def test_the_drafters_k_adapts_to_a_shorter_static_verify_and_an_explicit_k_is_refused(caplog):
+    """A default export verifies 4 tokens while a drafter's generation_config says k = 4: a constant-schedule run
+    without -k drafts 3 (and says so); only a -k the user gave is refused."""
+    import types
+
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+    engine = object.__new__(Engine)  # schedule() reads only these
+    engine.manifest = types.SimpleNamespace(generation={"num_assistant_tokens": 4})
+    engine.max_draft, engine.backend = 3, types.SimpleNamespace(kind="litert")
+    with caplog.at_level(logging.INFO, logger="mtpkit"):
+        schedule = engine.schedule(GenConfig(schedule="constant"))
+    assert (schedule.kind, schedule.k, schedule.cap) == ("constant", 3, 3)
+    assert "k = 3: the drafter's num_assistant_tokens (4) capped by this litert export's verify length" in caplog.text
+    with pytest.raises(UsageError, match="verifies at most 3 drafts per round"):
+        engine.schedule(GenConfig(num_assistant_tokens=4))
+    engine.max_draft = None  # ONNX: any length
+    assert engine.schedule(GenConfig(schedule="constant")).k == 4
 
 
 @pytest.mark.parametrize("flags, message", [
