@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs per prompt (median reported)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-k", type=int, default=None, help="measure and predict constant k = 1..MAX_K "
-                   "(default 8, or as many drafts as the export's static verify takes: LiteRT 4 by default)")
+                   "(default 8, or as many drafts as the export's static verify takes: LiteRT 3 by default)")
     p.add_argument("--num-assistant-tokens", "-k", type=draft_length, default=None,
                    help="the speculative column: auto (default) or a fixed k")
     p.add_argument("--schedule", default=None, help="constant | heuristic | auto")
