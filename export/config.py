@@ -91,6 +91,11 @@ class ExportConfig:
 
 
     @property
+    def static_verify(self) -> bool:
+        """Whether a backend exported verifies a fixed token count, --max-draft + 1 (LiteRT)."""
+        return any(BACKENDS[b].static_verify for b in self.backend)
+
+    @property
     def ple_bits(self) -> int:
         """Bits per value of the per-layer-embedding table under the int recipes."""
         return PLE_BITS[self.ple_quant]
@@ -108,7 +113,7 @@ class ExportConfig:
             raise UsageError(f"the target holds only {max_positions} positions (max_position_embeddings); mtpkit "
                              f"needs a KV capacity of at least {MIN_CACHE_LEN}")
         prefill = _fit("--prefill-len", self.prefill_len, DEFAULT_PREFILL_LEN, cache, f"the KV capacity ({cache})")
-        if self.max_draft is None and drafter_k > DEFAULT_MAX_DRAFT and "litert" in self.backend:
+        if self.max_draft is None and drafter_k > DEFAULT_MAX_DRAFT and self.static_verify:
             log.info("  --max-draft %d (LiteRT verify calls of %d tokens, XNNPACK's row tile on ARM64 and AVX2; the "
                      "drafter's num_assistant_tokens is %d)", DEFAULT_MAX_DRAFT, DEFAULT_MAX_DRAFT + 1, drafter_k)
         max_draft = _fit("--max-draft", self.max_draft, min(drafter_k, DEFAULT_MAX_DRAFT), cache - 1,

@@ -102,8 +102,7 @@ def _graphs_checked(cfg: ExportConfig, job: ExportJob, phases: PhaseLog, sources
             backends[kind] = _backend_module(kind).export(job)
     hf_files, tokenizer = _copy_hf_files(target_src.folder, job.folder)
     manifest = _manifest(job, target_src, drafter_src, backends, tokenizer, hf_files)
-    log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)",
-             reference_lib.DRAFT_LENGTHS)
+    log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)", _draft_lengths(cfg))
     with phases.phase("[3/5]", "reference"):
         manifest = dataclasses.replace(manifest, reference=_write_reference(job, manifest))
     manifest.save(job.folder)
@@ -307,15 +306,21 @@ def _encoder(folder: Path):
     return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
+def _draft_lengths(cfg: ExportConfig) -> tuple[int, ...]:
+    return reference_lib.draft_lengths(cfg.max_draft if cfg.static_verify else None)
+
+
 def _write_reference(job: ExportJob, manifest: Manifest) -> dict:
     encode = _encoder(job.folder)
     prompts = reference_lib.reference_prompts(encode, manifest.tokens["bos"], manifest.model["sliding_window"], None)
-    ref, arrays = reference_lib.record(job.target, job.drafter, prompts, job.cfg.reference_tokens, manifest.eos_ids)
+    lengths = _draft_lengths(job.cfg)
+    ref, arrays = reference_lib.record(job.target, job.drafter, prompts, job.cfg.reference_tokens, manifest.eos_ids,
+                                       lengths)
     (job.folder / "reference.json").write_text(json.dumps(ref) + "\n")
     np.savez(job.folder / "reference.npz", **arrays)
     return {"file": "reference.json", "sha256": sha256_file(job.folder / "reference.json"), "arrays": "reference.npz",
             "arrays_sha256": sha256_file(job.folder / "reference.npz"),
-            "draft_lengths": list(reference_lib.DRAFT_LENGTHS)}
+            "draft_lengths": list(lengths)}
 
 
 def manifest_prompt(manifest: Manifest, root: Path) -> list[int]:

@@ -16,6 +16,11 @@ from .progress import progress
 from .scoped import patched
 
 DRAFT_LENGTHS = (1, 2, 4, 8)
+
+
+def draft_lengths(max_draft: int | None) -> tuple[int, ...]:
+    """DRAFT_LENGTHS plus a static verify's longest round (LiteRT's default 3), so that parity covers it."""
+    return tuple(sorted({*DRAFT_LENGTHS, max_draft})) if max_draft else DRAFT_LENGTHS
 PROMPTS = [
     ("short", "Hi"),
     ("code", "def fibonacci(n):\n    if n < 2:\n        return n\n"),
@@ -79,7 +84,8 @@ def load_pair(target_src, drafter_src) -> tuple:
     return tuple(models)
 
 
-def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) -> tuple[dict, dict]:
+def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int],
+           lengths: tuple[int, ...] = DRAFT_LENGTHS) -> tuple[dict, dict]:
     """Run transformers on every prompt.
 
     Returns:
@@ -95,7 +101,7 @@ def record(target, drafter, prompts, max_new_tokens: int, eos_ids: list[int]) ->
             arrays[f"{name}.last_logits"] = target(x).logits[0, -1].numpy().astype(np.float32)
             plain = target.generate(x, **gen)[0, len(ids):].tolist()
             assisted = {}
-            for k in DRAFT_LENGTHS:
+            for k in lengths:
                 drafter.generation_config.num_assistant_tokens = k
                 with record_drafts() as rounds:
                     out = target.generate(x, assistant_model=drafter, **gen)[0, len(ids):].tolist()

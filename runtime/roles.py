@@ -46,10 +46,11 @@ class BackendKind:
     runtime_modules: tuple[str, ...]  # what the runtime backend imports
     export_needs_onnx: bool  # its export is checked against the ONNX graphs, so they are written too
     export_modules: tuple[str, ...] = ()  # what its export imports beyond the [export] extra
+    static_verify: bool = False  # verify takes a fixed token count (--max-draft + 1): longer rounds are refused
 
 
 BACKENDS = {
     "onnx": BackendKind("window", None, ("onnxruntime",), False),
     "litert": BackendKind("state", "litert", ("ai_edge_litert",), False,
-                          ("litert_torch", "ai_edge_litert", "litert_lm_builder", "ai_edge_quantizer")),
+                          ("litert_torch", "ai_edge_litert", "litert_lm_builder", "ai_edge_quantizer"), True),
 }

@@ -41,6 +41,17 @@ def test_the_default_verify_length_is_xnnpacks_row_tile_and_says_so_for_litert(t
     assert "--max-draft" not in caplog.text
 
 
+def test_the_reference_covers_a_static_verifys_longest_round():
+    """Parity replays only reference draft lengths an export can verify: a LiteRT export verifying 3 drafts gets
+    k = 3 recorded, so its parity covers the rounds it runs."""
+    from mtpkit.export import reference
+
+    assert reference.draft_lengths(3) == (1, 2, 3, 4, 8) and reference.draft_lengths(8) == reference.DRAFT_LENGTHS
+    assert reference.draft_lengths(None) == reference.DRAFT_LENGTHS  # ONNX: any length
+    assert ExportConfig(target="t", drafter="d", out="o", backend="onnx,litert").static_verify
+    assert not ExportConfig(target="t", drafter="d", out="o", backend="onnx").static_verify
+
+
 def test_the_drafters_k_adapts_to_a_shorter_static_verify_and_an_explicit_k_is_refused(caplog):
     """A default export verifies 4 tokens while a drafter's generation_config says k = 4: a constant-schedule run
     without -k drafts 3 (and says so); only a -k the user gave is refused."""

@@ -20,10 +20,10 @@ drafter costs 1/3 of a target call, so speculation barely pays).
 Steps: export the float pair to DIR and replay the transformers reference through the runtime on each
 backend (token-for-token parity; float graphs, since quantized weights cannot equal transformers); derive
 the recipe that is timed, DIR/RECIPE (LiteRT int8 by default, the recipe docs/quantization.md recommends for
-speculative decoding: exact, and cheap to verify on CPUs with int8 dot-product instructions); time speculative
-against plain decoding on it, checking that both give the same tokens on every prompt; with the litert backend
-also LiteRT-LM (the runtime the Android app ships) on DIR/RECIPE/model.litertlm, speculative decoding off and on. `mtpkit bench DIR/RECIPE
---peers` compares it with transformers and the other runtimes. Nothing is downloaded.
+speculative decoding: exact, and cheap to verify up to 4 tokens, the default); time speculative against plain
+decoding on it, checking that both give the same tokens on every prompt; with the litert backend also LiteRT-LM
+(the runtime the Android app ships) on DIR/RECIPE/model.litertlm, speculative decoding off and on.
+`mtpkit bench DIR/RECIPE --peers` compares it with transformers and the other runtimes. Nothing is downloaded.
 """
 PAIRS = ("e2b-shaped", "small")
 RECIPES = ("fp32", "fp16", "int8", "int4")
@@ -55,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     target, drafter, record = demo_pair(args.pair)
     cfg = ExportConfig(target=str(target), drafter=str(drafter), out=args.out, backend=args.backend,
-                       force=args.force, max_cache_len=1024, prefill_len=32,
-                       max_draft=4)  # the held-out checks run k = 4, the k transformers was measured at (pair.json)
+                       force=args.force, max_cache_len=1024, prefill_len=32)
     asked = {b.strip() for b in args.backend.split(",")}
     backends = [b for b in cfg.backend if b in asked]  # litert's export adds the onnx graphs it is checked against
     out = export_model(cfg)
@@ -123,28 +122,32 @@ def demo_pair(name: str) -> tuple[Path, Path, dict]:
 
 def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: int, repeats: int = 3) -> dict:
     """The runtime on the held-out prompts transformers was measured on (pair.json): acceptance and tokens per
-    target call (prefill call included, as in pair.json) at k = 4, then default decoding (auto draft length)
-    against plain decoding, interleaved, with the cost model's prediction from the same run's measured costs.
-    same_tokens / runs: speculative runs (auto, k = 4 with both hand-offs) whose tokens equal plain decoding's."""
+    target call (prefill call included, as in pair.json) at transformers' k (pair.json), capped by a static
+    verify length, then default decoding (auto draft length) against plain decoding, interleaved, with the cost
+    model's prediction from the same run's measured costs.
+    same_tokens / runs: speculative runs (auto, and that k with both hand-offs) whose tokens equal plain decoding's."""
     import statistics
 
     from mtpkit.runtime.auto import CostMeter
     from mtpkit.runtime.bench import metered
     from mtpkit.runtime.engine import Engine
+    from mtpkit.runtime.speculative import fit_draft
     from mtpkit.runtime.stats import tokens_per_target_call
 
     from .train import ASSETS
 
     pair = json.loads((ASSETS / "pair.json").read_text())
     engine = Engine(out, threads, backend)
+    k = fit_draft(pair["figures"]["num_assistant_tokens"], engine.max_draft)
     with metered(engine, CostMeter(alpha=None)) as meter:
-        rows = [_prompt_row(engine, category, text, max_new_tokens, repeats) for category, text in heldout_prompts()]
+        rows = [_prompt_row(engine, category, text, max_new_tokens, repeats, k) for category, text in heldout_prompts()]
     costs = meter.costs(2)
     summary = {mode: tokens_per_target_call(sum(r[mode]["new_tokens"] for r in rows),
                                             sum(r[mode]["target_calls"] for r in rows)) for mode in ("hf", "clean")}
     measured = [r["bench"]["speedup"] for r in rows]
     predicted = [r["bench"]["predicted_speedup"] for r in rows]
-    return {"backend": backend, "prompts": len(rows), "same_tokens": sum(r["same_tokens"] for r in rows),
+    return {"backend": backend, "prompts": len(rows), "k": k, "transformers_k": pair["figures"]["num_assistant_tokens"],
+            "same_tokens": sum(r["same_tokens"] for r in rows),
             "runs": sum(r["runs"] for r in rows), "rows": rows, "tokens_per_target_call": summary,
             "transformers_tokens_per_target_call": pair["figures"]["all"]["tokens_per_target_call"],
             "call_ms": {"target_decode": 1e3 * costs.target[0], "drafter_step": 1e3 * costs.draft},
@@ -153,7 +156,7 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
             "measured_over_predicted": statistics.median(m / p for m, p in zip(measured, predicted))}
 
 
-def _prompt_row(engine, category: str, text: str, max_new_tokens: int, repeats: int) -> dict:
+def _prompt_row(engine, category: str, text: str, max_new_tokens: int, repeats: int, k: int) -> dict:
     from mtpkit.runtime.bench import BenchConfig, bench_prompt
     from mtpkit.runtime.engine import GenConfig
     from mtpkit.runtime.stats import Stats
@@ -164,7 +167,7 @@ def _prompt_row(engine, category: str, text: str, max_new_tokens: int, repeats: 
                  "same_tokens": int(_tokens(engine, ids, GenConfig(max_new_tokens=max_new_tokens), Stats()) == plain)}
     for mode in ("hf", "clean"):
         stats = Stats()
-        spec = _tokens(engine, ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=4, kv_handoff=mode),
+        spec = _tokens(engine, ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=k, kv_handoff=mode),
                        stats)
         first = stats.accepted_at[0] / stats.drafted_at[0] if stats.drafted_at else 0.0
         row[mode] = {"new_tokens": stats.new_tokens, "target_calls": stats.target_calls, "pos1": first}
@@ -190,8 +193,9 @@ def heldout_prompts() -> list[tuple[str, str]]:
 def print_heldout(report: dict) -> None:
     t, c = report["tokens_per_target_call"], report["call_ms"]
     print(f"held-out prompts ({report['prompts']}, {report['backend']} {report['recipe']}): tokens per target call "
-          f"at k=4 {t['hf']:.2f} with transformers' hand-off (transformers measured "
-          f"{report['transformers_tokens_per_target_call']:.2f}), {t['clean']:.2f} with the clean hand-off")
+          f"at k={report['k']} {t['hf']:.2f} with transformers' hand-off (transformers measured "
+          f"{report['transformers_tokens_per_target_call']:.2f} at k={report['transformers_k']}), {t['clean']:.2f} "
+          "with the clean hand-off")
     print(f"cost shape: target decode {c['target_decode']:.2f} ms, drafter step {c['drafter_step']:.2f} ms "
           f"(1/{c['target_decode'] / c['drafter_step']:.0f} of a target call)")
     for r in report["rows"]:
@@ -201,5 +205,5 @@ def print_heldout(report: dict) -> None:
     print(f"median speedup {report['median_speedup']:.2f}x (min {report['min_speedup']:.2f}x), cost model predicted "
           f"{report['median_predicted_speedup']:.2f}x; measured/predicted {report['measured_over_predicted']:.2f} "
           f"(default flags: automatic draft length, {report['backend']} {report['recipe']}, same graphs, interleaved)")
-    print(f"speculative tokens == plain tokens: {report['same_tokens']}/{report['runs']} runs (auto, and k=4 with "
-          f"both KV hand-offs)")
+    print(f"speculative tokens == plain tokens: {report['same_tokens']}/{report['runs']} runs (auto, and "
+          f"k={report['k']} with both KV hand-offs)")
