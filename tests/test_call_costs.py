@@ -67,3 +67,12 @@ def test_drafter_round_tool_drafts_the_same_with_held_inputs(litert_exports, too
     assert tool("drafter_round").main([str(litert_exports(NAME)), "--past", "40", "--rounds", "1", "--held-vs-set"]) == 0
     out = capsys.readouterr().out
     assert "(draft_masked_64)" in out and "every input set every step" in out and "held after step 1" in out
+
+
+def test_heldout_vs_times_two_exports_and_checks_exactness(litert_exports, tool, capsys):
+    """tools/heldout_vs.py: one row per export with its static verify length, and every speculative run's tokens
+    against plain decoding's (its exit status)."""
+    out = str(litert_exports(NAME))
+    assert tool("heldout_vs").main([out, out, "--max-new-tokens", "4", "--repeats", "1"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| 1: ", "| 2: "))]
+    assert len(table) == 2 and all(row.split(" | ")[1] == "8" and row.endswith(" 12/12 |") for row in table)
