@@ -21,6 +21,8 @@ DRAFT_LENGTHS = (1, 2, 4, 8)
 def draft_lengths(max_draft: int | None) -> tuple[int, ...]:
     """DRAFT_LENGTHS plus a static verify's longest round (LiteRT's default 3), so that parity covers it."""
     return tuple(sorted({*DRAFT_LENGTHS, max_draft})) if max_draft else DRAFT_LENGTHS
+
+
 PROMPTS = [
     ("short", "Hi"),
     ("code", "def fibonacci(n):\n    if n < 2:\n        return n\n"),
