@@ -9,7 +9,9 @@ import argparse
 import difflib
 import importlib
 import logging
+import signal
 import sys
+import threading
 import traceback
 
 from . import __version__
@@ -117,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _configure_logging(args.quiet)
     module_name, _, extra = COMMANDS[args.command]
+    previous = _terminate_like_interrupt()
     try:
         if extra:
             require(extra, "this command")
         return int(importlib.import_module(module_name).run(args) or 0)
-    except KeyboardInterrupt:
-        print("mtpkit: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
+        print(f"mtpkit: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 128 + signal.SIGTERM if terminated else 130
     except (MtpkitError, OSError) as e:  # the user's input or environment (files, permissions, disk): one line
         print(f"mtpkit {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
@@ -131,6 +135,25 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"mtpkit {args.command}: internal error: " + BUG_LINE.format(version=__version__), file=sys.stderr)
         return BUG_EXIT
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM raised where the command is, as Ctrl-C is: cleanup runs (an export removes its partial folder and
+    lock) instead of the process dying with tens of GB of temporaries left until the next export."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _terminate_like_interrupt():
+    """Install the SIGTERM handler; returns the previous one (None off the main thread, where Python cannot)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def one_line(e: BaseException) -> str:

@@ -99,6 +99,20 @@ def test_a_killed_export_keeps_the_previous_one_and_a_rerun_cleans_up(tmp_path, 
     assert _leftovers(out) == []  # the killed run's partial folder and the lock file are gone
 
 
+def test_a_terminated_export_removes_its_partial_folder_and_lock(tmp_path, tiny_checkpoints):
+    target, drafter = tiny_checkpoints(PAIR)
+    out = tmp_path / "out"
+    proc = _start(target, drafter, out)
+    try:
+        _wait_for(proc, "[3/5]")  # graphs written to the partial folder, reference being recorded
+        proc.send_signal(signal.SIGTERM)  # what `kill`, systemd and container runtimes send first
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and err.strip().endswith("mtpkit: terminated"), err
+    assert not out.exists() and _leftovers(out) == []
+
+
 def test_a_kill_between_the_two_renames_of_a_replacement_restores_the_previous_export(tmp_path):
     out = tmp_path / "out"
     old = tmp_path / ".out.old-1700000000"  # what _replace leaves if killed after out -> old, before tmp -> out
