@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
@@ -96,9 +97,10 @@ class Engine:
                              f"--num-assistant-tokens <= {self.max_draft} or re-export with a larger --max-draft")
         return DraftSchedule(kind, k, fit_draft(cap, self.max_draft))
 
-    @property
+    @cached_property
     def default_k(self) -> int:
-        """The drafter's num_assistant_tokens, capped by a static verify length (logged): a default adapts."""
+        """The drafter's num_assistant_tokens, capped by a static verify length (logged once per engine, not per
+        request): a default adapts."""
         k = int(self.manifest.generation["num_assistant_tokens"])
         if fit_draft(k, self.max_draft) < k:
             log.info("k = %d: the drafter's num_assistant_tokens (%d) capped by this %s export's verify length",
