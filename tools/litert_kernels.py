@@ -35,6 +35,8 @@ def build(work: Path, layers: int, rows: list[int]) -> dict[str, dict[int, Path]
     import torch
     from ai_edge_quantizer import quantizer, recipe
 
+    from mtpkit.runtime.quiet import output_captured
+
     class MLP(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -50,10 +52,12 @@ def build(work: Path, layers: int, rows: list[int]) -> dict[str, dict[int, Path]
     model, files = MLP().eval(), {name: {} for name in RECIPES}
     for n in (1, *rows):
         float_file = work / f"float_{n}.tflite"
-        litert_torch.convert(model, (torch.randn(1, n, HIDDEN),)).export(str(float_file))
-        for name, fn in RECIPES.items():
-            files[name][n] = work / f"{fn}_{n}.tflite"
-            quantizer.Quantizer(str(float_file), getattr(recipe, fn)()).quantize().export_model(str(files[name][n]))
+        with output_captured("litert-torch conversion"):  # its progress prints would interleave with the table
+            litert_torch.convert(model, (torch.randn(1, n, HIDDEN),)).export(str(float_file))
+            for name, fn in RECIPES.items():
+                files[name][n] = work / f"{fn}_{n}.tflite"
+                quantizer.Quantizer(str(float_file), getattr(recipe, fn)()).quantize().export_model(
+                    str(files[name][n]))
         float_file.unlink()
     return files
 
