@@ -84,26 +84,38 @@ def test_demo_times_litert_lm_with_speculation_off_and_on(litert_exports):
     assert _agree("abc", "abcd") and not _agree("abc", "abd") and not _agree("", "")
 
 
-def test_signature_call_equals_signature_runner_and_updates_caches_in_place(both):
-    """SignatureCall (outputs as views, the caches copied into place) against ai_edge_litert's own runner."""
+def test_target_calls_with_caches_bound_in_place_equal_litert_s_own_signature_runner(both):
+    """The target graph through CompiledModel, each cache one buffer bound as input and output of every signature,
+    against ai_edge_litert's Interpreter runner given the same caches: logits and updated caches bit for bit, over a
+    prefill, decodes and a verify (one signature's in-place update feeds the next's)."""
     import numpy as np
+    from ai_edge_litert.interpreter import Interpreter
 
     from mtpkit.runtime.backends import open_backend
 
-    target, _ = open_backend(load_manifest(both), "litert", threads=1)
-    target.forward([2, 80, 81, 82, 83], 0)  # non-zero caches
-    session, kv = target.session, target.kv
-    before = {k: id(v) for k, v in kv.tensors.items()}
-    feeds = {**target.feeds([84], 5), **{k: v.copy() for k, v in kv.tensors.items()}}  # the decode feeds
-    sig = session.backend.signatures["decode"]
-    runner = session._runners[sig.graph].get_signature_runner(sig.backend_name)
-    want = runner(**{t.name: feeds[t.key] for t in sig.inputs})
-    got = session.run("decode", feeds, into=kv.tensors)
-    assert {k: id(v) for k, v in kv.tensors.items()} == before  # written in place, not replaced
-    for t in sig.outputs:
-        value = kv.tensors[t.key] if t.key in kv.tensors else got[t.key]
-        assert np.array_equal(value, want[t.name]), t.name
-    assert ("logits", None) in got and not any(k in got for k in kv.tensors)
+    manifest = load_manifest(both)
+    target, _ = open_backend(manifest, "litert", threads=1)
+    kv, backend = target.kv, manifest.backend("litert")
+    interp = Interpreter(model_path=str(manifest.path(backend.graphs[backend.signatures["decode"].graph].file)),
+                         num_threads=1)
+    caches = {key: np.zeros(shape, dtype) for key, (shape, dtype) in kv.specs.items()}
+    calls = [("prefill", [2, 80, 81, 82, 83], 0), ("decode", [84], 5), ("verify", [85, 86, 87], 6),
+             ("decode", [86], 7)]
+    for kind, ids, pos in calls:
+        signature = target.prefill[-1]["signature"] if kind == "prefill" else kind
+        sig = backend.signatures[signature]
+        n = {"prefill": target.prefill[-1]["num_tokens"], "verify": target.verify_len}.get(kind, 1)
+        padded = ids + [0] * (n - len(ids))
+        feeds = {**target.feeds(padded, pos), **caches}
+        want = interp.get_signature_runner(sig.backend_name)(**{t.name: feeds[t.key] for t in sig.inputs})
+        got = kv.graph.run(signature, target.feeds(padded, pos))
+        kv.version += 1
+        for t in sig.outputs:
+            value = kv.read(t.key) if t.key in caches else got[t.key]
+            assert np.array_equal(value, want[t.name]), (signature, t.name)
+            if t.key in caches:
+                caches[t.key] = want[t.name]
+        assert not any(key in got for key in caches)  # caches are not copied out
 
 
 def test_drafter_steps_after_the_first_of_a_round_reuse_its_inputs(both, monkeypatch):

@@ -1,4 +1,5 @@
-"""LiteRT backend: signature runners over .tflite files, static shapes, whole-cache KV state in and out.
+"""LiteRT backend: the target graph through CompiledModel with its caches bound in place, the other graphs through
+Interpreter signature runners; static shapes.
 
 Driven the way LiteRT-LM drives these graphs: the prompt (all but its last token) is prefilled in padded
 chunks of the exported prefill length, the last prompt token goes through `decode`, drafts are verified with
@@ -8,8 +9,12 @@ are positional, so that garbage is never visible and is overwritten later, exact
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
+import sys
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,8 +34,8 @@ _OPTIONS: dict[str, object] = {}  # extra Interpreter options, scoped by without
 
 @contextlib.contextmanager
 def without_weight_packing(enabled: bool = True) -> Iterator[None]:
-    """Interpreters opened inside run TFLite's builtin kernels on the weights where the file maps them, instead
-    of XNNPACK, which packs a private copy of every fully-connected weight when a graph is opened (a float E2B
+    """Graphs opened inside run TFLite's builtin kernels on the weights where the file maps them, instead of
+    XNNPACK, which packs a private copy of every fully-connected weight when a graph is opened (a float E2B
     decoder: about 9 GB). For export's one-off float check; the runtime itself keeps XNNPACK."""
     before = dict(_OPTIONS)
     if enabled:
@@ -42,6 +47,10 @@ def without_weight_packing(enabled: bool = True) -> Iterator[None]:
     finally:
         _OPTIONS.clear()
         _OPTIONS.update(before)
+
+
+def _packing() -> bool:
+    return "experimental_op_resolver_type" not in _OPTIONS
 
 
 def default_threads(threads: int | None) -> int:
@@ -57,25 +66,26 @@ def peers(manifest: Manifest, threads: int | None, max_new_tokens: int, stack: c
 
 
 class LiteRtSession:
-    """One ai_edge_litert Interpreter per .tflite file; signatures run through SignatureCall."""
+    """One ai_edge_litert Interpreter per .tflite file but the target's (`skip`: a CompiledGraph); signatures run
+    through SignatureCall."""
 
-    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None):
+    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None, skip: str = ""):
         from ai_edge_litert.interpreter import Interpreter
 
         self.backend = backend
         self._runners: dict[str, Interpreter] = {}
         for name, graph in backend.graphs.items():
-            if not graph.file.endswith(".tflite"):
-                continue  # the .litertlm bundle is for LiteRT-LM, not for signature runners
+            if not graph.file.endswith(".tflite") or name == skip:
+                continue  # the .litertlm bundle is for LiteRT-LM; `skip` is opened as a CompiledGraph
             interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=default_threads(threads),
                                  **_OPTIONS)
             self._runners[name] = interp
-        self.threads = {name: default_threads(threads) for name in self._runners}
+        self.threads = {name: default_threads(threads) for name in [*self._runners, *([skip] if skip else [])]}
         self._cache: dict[str, SignatureCall] = {}
 
-    def run(self, signature: str, feeds: Feeds, into: dict | None = None, held: frozenset = frozenset()) -> Feeds:
-        """Outputs by key, fresh arrays; an output whose key is in `into` is copied into that array instead. Inputs
-        whose key is in `held` are not set: the signature's input buffers keep what its previous call was given."""
+    def run(self, signature: str, feeds: Feeds, held: frozenset = frozenset()) -> Feeds:
+        """Outputs by key, fresh arrays. Inputs whose key is in `held` are not set: the signature's input buffers
+        keep what its previous call was given."""
         sig = self.backend.signatures[signature]
         inputs = {t.name: feeds[t.key] for t in sig.inputs if t.key not in held}
         call = self._cache.get(signature)
@@ -85,21 +95,14 @@ class LiteRtSession:
             with output_captured(f"LiteRT's first {signature} call"):
                 call = self._cache[signature] = SignatureCall(self._runners[sig.graph], sig.backend_name)
                 out = call(inputs)
-        result = {}
-        for t in sig.outputs:
-            if into is not None and t.key in into:
-                np.copyto(into[t.key], out[t.name])
-            else:
-                result[t.key] = np.array(out[t.name])
-        return result
+        return {t.key: np.array(out[t.name]) for t in sig.outputs}
 
 
 class SignatureCall:
-    """A signature's call without SignatureRunner's fresh output arrays: it returns views of the interpreter's
-    buffers, valid until the signature runs again (LiteRtSession.run copies them out). SignatureRunner allocates
-    every output anew: at E2B ~40 MB of KV caches per call, pages faulted in on every call glibc's heap trim gave
-    back (docs/performance.md, "Allocation-free target calls"). ai-edge-litert 2.3.0's wrapper API, as its own
-    SignatureRunner.__call__ uses it; tests/test_litert_runtime.py compares the two."""
+    """A signature's call that sets only the inputs it is given (the others keep what the previous call set: the
+    drafter's held caches) and returns views of the interpreter's buffers, valid until the signature runs again
+    (LiteRtSession.run copies them out). ai-edge-litert 2.3.0's wrapper API, as its own SignatureRunner.__call__
+    uses it; tests/test_litert_runtime.py compares the two."""
 
     def __init__(self, interpreter: Any, key: str | None):
         runner = interpreter.get_signature_runner(key)
@@ -116,15 +119,101 @@ class SignatureCall:
                 for name, index in self._outputs.items()}
 
 
-class StateKV:
-    """The target's cache tensors (K [1,h,C,d], V [1,h,d,C]), passed whole to every call and overwritten in place
-    with its outputs."""
+class CompiledGraph:
+    """The target graph through LiteRT's CompiledModel, its caches bound in place: one TensorBuffer per cache,
+    the same for the input and the output of every signature, so a call updates the caches where they are instead
+    of copying each in and out (at E2B 2 x 38 MB per call; docs/performance.md). ai-edge-litert 2.3.0's
+    Interpreter cannot bind one buffer to an input and an output."""
 
-    def __init__(self, manifest: Manifest, backend: Backend):
+    def __init__(self, path: str, backend: Backend, threads: int):
+        import ai_edge_litert
+        from ai_edge_litert.compiled_model import CompiledModel
+        from ai_edge_litert.cpu_options import CpuKernelMode, CpuOptions
+        from ai_edge_litert.environment import Environment
+        from ai_edge_litert.options import Options
+
+        cpu = CpuOptions(num_threads=threads, kernel_mode=None if _packing() else CpuKernelMode.BUILTIN)
+        with output_captured("LiteRT's CompiledModel"):  # environment and accelerator notices on fd 2
+            env = Environment.create(runtime_path=os.path.dirname(ai_edge_litert.__file__))
+            self.model = CompiledModel.from_file(path, environment=env, options=Options(cpu_options=cpu))
+        self.backend = backend
+        self.caches: dict[tuple, Any] = {}  # cache key -> TensorBuffer
+        self._bound: dict[str, tuple[dict, dict, list]] = {}  # signature -> (inputs, outputs, outputs read)
+        weakref.finalize(self, _release, self.model, env, self.caches, self._bound)
+        _quiet_teardown()
+
+    def run(self, signature: str, feeds: Feeds) -> Feeds:
+        """The signature's outputs but the caches, as fresh arrays; the caches are updated in place."""
+        sig = self.backend.signatures[signature]
+        # a signature's first call applies XNNPACK, which LiteRT announces on fd 2 (kept out of our output)
+        with output_captured(f"LiteRT's first {signature} call") if signature not in self._bound else _NO_CAPTURE:
+            inputs, outputs, read = self._bind(signature)
+            for t in sig.inputs:
+                if t.key not in self.caches:
+                    inputs[t.name].write(np.asarray(feeds[t.key], np.dtype(t.dtype)))
+            self.model.run_by_name(sig.backend_name, inputs, outputs)
+        return {key: outputs[name].read(int(np.prod(shape)), dtype).reshape(shape) for key, name, shape, dtype in read}
+
+    def _bind(self, signature: str) -> tuple[dict, dict, list]:
+        """The signature's buffers, created on first use; the caches' are shared by every signature. The first
+        read or write of any buffer creates LiteRT's process-wide buffer environment, with notices on fd 2."""
+        if signature not in self._bound:
+            sig = self.backend.signatures[signature]
+            for t in (t for t in sig.inputs if t.role in CACHE_ROLES and t.key not in self.caches):
+                self.caches[t.key] = self.model.create_input_buffer_by_name(sig.backend_name, t.name)
+                self.caches[t.key].write(np.zeros(t.shape, np.dtype(t.dtype)))  # new buffers are not zeroed
+            inputs = {t.name: self.caches.get(t.key) or self.model.create_input_buffer_by_name(sig.backend_name, t.name)
+                      for t in sig.inputs}
+            outputs = {t.name: self.caches.get(t.key) or self.model.create_output_buffer_by_name(sig.backend_name,
+                                                                                                 t.name)
+                       for t in sig.outputs}
+            read = [(t.key, t.name, tuple(t.shape), np.dtype(t.dtype)) for t in sig.outputs if t.key not in self.caches]
+            self._bound[signature] = inputs, outputs, read
+        return self._bound[signature]
+
+
+CACHE_ROLES = ("kv_key", "kv_value")
+
+
+_NO_CAPTURE = contextlib.nullcontext()
+
+
+@functools.cache
+def _quiet_teardown() -> None:
+    """ai-edge-litert 2.3.0 destroys the process-wide environment of its buffers in a C++ static destructor after
+    Python has finished, logging "DestroyAccelerator" on fd 2 where nothing of ours runs: so, once a CompiledGraph
+    was opened, fd 2 points to /dev/null from this exit handler on (all of mtpkit's output is written by then)."""
+
+    def silence() -> None:
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+
+    atexit.register(silence)
+
+
+def _release(model: Any, env: Any, *buffers: dict) -> None:
+    """Destroys a CompiledGraph's buffers, model and environment (when it is collected, or at exit) with LiteRT's
+    own notices on fd 2 ("DestroyAccelerator") kept out of our output."""
+    with output_captured("LiteRT's CompiledModel release"):
+        for held in buffers:
+            held.clear()
+        model.close()
+        env.close()
+
+
+class StateKV:
+    """The target's cache tensors (K [1,h,C,d], V [1,h,d,C]), held by the target graph's buffers and updated in
+    place by every call; read(key) gives one as an array (the drafter reads the store layers')."""
+
+    def __init__(self, manifest: Manifest, backend: Backend, graph: CompiledGraph):
         opts = backend.options
-        decode = backend.signatures["decode"]
-        self.tensors = {t.key: np.zeros(t.shape, np.dtype(t.dtype)) for t in decode.inputs if t.role.startswith("kv_")}
+        self.graph = graph
+        self.specs = {t.key: (tuple(t.shape), np.dtype(t.dtype)) for t in backend.signatures["decode"].inputs
+                      if t.role in CACHE_ROLES}
+        with output_captured("LiteRT's cache buffers"):
+            graph._bind("decode")  # creates the (zeroed) cache buffers
         self.version = 0  # counts changes of the caches: every target call updates them in place
+        self._read: dict[tuple, tuple[int, np.ndarray]] = {}  # key -> (version, array), read once per version
         self.capacity = int(opts["cache_len"])
         self.hidden = np.float32(opts["mask"]["hidden"])
         spec = manifest.kv_cache
@@ -132,14 +221,23 @@ class StateKV:
         self.drafter_sliding = int(spec["drafter_sliding_visible"])
         self.last = LastCall()
 
+    def read(self, key: tuple) -> np.ndarray:
+        """One cache as of the last target call (read from its buffer once per call)."""
+        version, array = self._read.get(key, (-1, None))
+        if version != self.version or array is None:
+            shape, dtype = self.specs[key]
+            array = self.graph.caches[key].read(int(np.prod(shape)), dtype).reshape(shape)
+            self._read[key] = (self.version, array)
+        return array
 
     def write(self, layer: int, key: np.ndarray, value: np.ndarray) -> None:
         """Positions 0..S-1 of layer's cache from K and V given as [1, h, S, d] (the export's check feeds the
         drafter PyTorch's own K/V this way, so the drafter graph is compared on the same inputs as PyTorch)."""
         n = key.shape[2]
-        k, v = (self.tensors[(role, layer)].copy() for role in ("kv_key", "kv_value"))  # outputs may be read-only
+        k, v = (self.read((role, layer)).copy() for role in CACHE_ROLES)
         k[:, :, :n], v[:, :, :, :n] = key, np.swapaxes(value, 2, 3)
-        self.tensors[("kv_key", layer)], self.tensors[("kv_value", layer)] = k, v
+        self.graph.caches[("kv_key", layer)].write(k)
+        self.graph.caches[("kv_value", layer)].write(v)
         self.version += 1
 
     def causal_mask(self, pos: int, count: int) -> np.ndarray:
@@ -179,15 +277,15 @@ class StateTarget:
         if pos + len(ids) > self.kv.capacity:
             raise CacheFullError(f"KV cache full: position {pos + len(ids)} is past the export's cache_len "
                                  f"{self.kv.capacity}; re-export with a larger --max-cache-len")
-        out = self.session.run(signature, self.feeds(ids, pos), into=self.kv.tensors)  # caches updated in place
+        out = self.kv.graph.run(signature, self.feeds(ids, pos))  # caches updated in place
         self.kv.version += 1
         return out
 
     def feeds(self, ids: list[int], pos: int) -> Feeds:
-        """A target signature's inputs for ids at pos: embeddings, positions, causal mask and the caches."""
+        """A target signature's inputs for ids at pos but the caches: embeddings, positions, causal mask."""
         emb, ple = embed(self.session, ids)
-        feeds = {("embeddings", None): emb, ("input_pos", None): np.arange(pos, pos + len(ids), dtype=np.int32),
-                 ("mask", None): self.kv.causal_mask(pos, len(ids)), **self.kv.tensors}
+        feeds: Feeds = {("embeddings", None): emb, ("input_pos", None): np.arange(pos, pos + len(ids), dtype=np.int32),
+                 ("mask", None): self.kv.causal_mask(pos, len(ids))}
         if ple is not None:
             feeds[("per_layer_embeddings", None)] = ple
         return feeds
@@ -253,14 +351,14 @@ class StateDrafter:
         hi = view.get("full_attention", (0, 0))[1]
         signature = next((s for slots, s in self.signatures if slots >= hi), self.signatures[-1][1])
         inputs = self.session.backend.signatures[signature].inputs
-        feeds: Feeds = {t.key: self.kv.tensors[t.key] for t in inputs if t.role in ("kv_key", "kv_value")}
+        feeds: Feeds = {t.key: self.kv.read(t.key) for t in inputs if t.role in CACHE_ROLES}
         spans = {}  # layer type -> (first cache slot, slots) of what its inputs hold; whole caches by default
         for t in (t for t in inputs if t.role in ("store_key", "store_value")):
             axis, layer_type = int(t.seq_axis or 0), str(t.layer_type)
             slots, (lo, hi) = int(t.shape[axis]), view[layer_type]
             start = min(max(0, hi - slots), self.kv.capacity - slots)
             spans[layer_type] = (start, slots)
-            cache = self.kv.tensors[("kv_key" if t.role == "store_key" else "kv_value", t.layer)]
+            cache = self.kv.read(("kv_key" if t.role == "store_key" else "kv_value", t.layer))
             feeds[t.key] = np.ascontiguousarray(cache[(slice(None),) * axis + (slice(start, start + slots),)])
         for layer_type, (lo, hi) in view.items():
             start, slots = spans.get(layer_type, (0, self.kv.capacity))
@@ -292,6 +390,8 @@ def embed(session: LiteRtSession, ids: list[int], per_layer: bool = True) -> tup
 def load(manifest: Manifest, backend: Backend,
          threads: int | None = None) -> tuple[Target[Ranges], Drafter[Ranges]]:
     """The runtime backend contract (runtime/backends/__init__.py), which mypy checks these classes against."""
-    session = LiteRtSession(manifest, backend, threads)
-    kv = StateKV(manifest, backend)
+    graph = backend.signatures["decode"].graph
+    session = LiteRtSession(manifest, backend, threads, skip=graph)
+    kv = StateKV(manifest, backend, CompiledGraph(str(manifest.path(backend.graphs[graph].file)), backend,
+                                                  default_threads(threads)))
     return StateTarget(session, kv), StateDrafter(session, kv, int(manifest.model["vocab_size"]))
