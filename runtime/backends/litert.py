@@ -139,6 +139,7 @@ class CompiledGraph:
         self.backend = backend
         self.caches: dict[tuple, Any] = {}  # cache key -> TensorBuffer
         self._bound: dict[str, tuple[dict, dict, list]] = {}  # signature -> (inputs, outputs, outputs read)
+        self._ran: set[str] = set()
         weakref.finalize(self, _release, self.model, env, self.caches, self._bound)
         _quiet_teardown()
 
@@ -146,7 +147,8 @@ class CompiledGraph:
         """The signature's outputs but the caches, as fresh arrays; the caches are updated in place."""
         sig = self.backend.signatures[signature]
         # a signature's first call applies XNNPACK, which LiteRT announces on fd 2 (kept out of our output)
-        with output_captured(f"LiteRT's first {signature} call") if signature not in self._bound else _NO_CAPTURE:
+        with output_captured(f"LiteRT's first {signature} call") if signature not in self._ran else _NO_CAPTURE:
+            self._ran.add(signature)
             inputs, outputs, read = self._bind(signature)
             for t in sig.inputs:
                 if t.key not in self.caches:
