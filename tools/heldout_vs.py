@@ -3,8 +3,11 @@ speculative (auto) ms/token, the median speed-up over plain, tokens per target c
 tokens equal plain decoding's. For a before/after of one export option (e.g. `--max-draft 4` against the default)
 on a trained pair, timed in one process. Not run in CI.
 
-    .venv/bin/python tools/heldout_vs.py DEMO/int8 OTHER/int8 [--backend litert] [--threads 1] \\
+    .venv/bin/python tools/heldout_vs.py DEMO/int8 OTHER/int8[@BACKEND] [--backend litert] [--threads 1] \\
         [--max-new-tokens 64] [--repeats 3]
+
+EXPORT@BACKEND runs that export on BACKEND (else --backend): e.g. an ONNX int4 export's plain decoding against a
+LiteRT int8 export's speculative decoding. The last line divides each speculative ms/token by the fastest plain.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     from mtpkit.tiny.demo import heldout_prompts
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("exports", nargs=2, type=Path)
+    p.add_argument("exports", nargs=2, help="two export folders, each optionally EXPORT@BACKEND")
     p.add_argument("--backend", default="litert")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
-    engines = {f"{i}: {e}": Engine(e, a.threads, a.backend) for i, e in enumerate(a.exports, 1)}  # the same twice too
+    engines = {f"{i}: {e}": Engine(Path(e.partition("@")[0]), a.threads, e.partition("@")[2] or a.backend)
+               for i, e in enumerate(a.exports, 1)}  # the same twice too
     prompts = heldout_prompts()
     for e in engines.values():  # auto calibrates once per engine
         _run(e, _fitted(e, prompts[0][1], 8), GenConfig(max_new_tokens=8))
@@ -73,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{1e3 * statistics.median(r['spec']):.2f} | {statistics.median(r['speedup']):.2f}x | "
               f"{r['tokens'] / r['calls']:.2f} | {r['same']}/{len(prompts) * a.repeats} |")
     first, second = (statistics.median(r["spec"]) for r in rows.values())
-    print(f"speculative ms/token, first / second: {first / second:.2f}x")
+    fastest = min(statistics.median(r["plain"]) for r in rows.values())
+    print(f"speculative ms/token, first / second: {first / second:.2f}x; against the fastest plain "
+          f"({1e3 * fastest:.2f} ms/token): {first / fastest:.2f}x, {second / fastest:.2f}x")
     return 0 if all(r["same"] == len(prompts) * a.repeats for r in rows.values()) else 1
 
 
