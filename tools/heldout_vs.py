@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
-    engines = {f"{i}: {e}": Engine(Path(e.partition("@")[0]), a.threads, e.partition("@")[2] or a.backend)
-               for i, e in enumerate(a.exports, 1)}  # the same twice too
+    specs = [e.partition("@") for e in a.exports]  # (folder, "@", backend or "")
+    engines = {f"{i}: {folder}{at}{backend}": Engine(Path(folder), a.threads, backend or a.backend)
+               for i, (folder, at, backend) in enumerate(specs, 1)}  # the same twice too
     prompts = heldout_prompts()
     for e in engines.values():  # auto calibrates once per engine
         _run(e, _fitted(e, prompts[0][1], 8), GenConfig(max_new_tokens=8))

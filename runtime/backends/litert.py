@@ -102,7 +102,7 @@ class SignatureCall:
     """A signature's call that sets only the inputs it is given (the others keep what the previous call set: the
     drafter's held caches) and returns views of the interpreter's buffers, valid until the signature runs again
     (LiteRtSession.run copies them out). ai-edge-litert 2.3.0's wrapper API, as its own SignatureRunner.__call__
-    uses it; tests/test_litert_runtime.py compares the two."""
+    uses it."""
 
     def __init__(self, interpreter: Any, key: str | None):
         runner = interpreter.get_signature_runner(key)
@@ -133,13 +133,14 @@ class CompiledGraph:
         from ai_edge_litert.options import Options
 
         cpu = CpuOptions(num_threads=threads, kernel_mode=None if _packing() else CpuKernelMode.BUILTIN)
-        with output_captured("LiteRT's CompiledModel"):  # environment and accelerator notices on fd 2
-            env = Environment.create(runtime_path=os.path.dirname(ai_edge_litert.__file__))
-            self.model = CompiledModel.from_file(path, environment=env, options=Options(cpu_options=cpu))
         self.backend = backend
         self.caches: dict[tuple, Any] = {}  # cache key -> TensorBuffer
         self._bound: dict[str, tuple[dict, dict, list]] = {}  # signature -> (inputs, outputs, outputs read)
         self._ran: set[str] = set()
+        with output_captured("LiteRT's CompiledModel"):  # environment and accelerator notices on fd 2
+            env = Environment.create(runtime_path=os.path.dirname(ai_edge_litert.__file__))
+            self.model = CompiledModel.from_file(path, environment=env, options=Options(cpu_options=cpu))
+            self._bind("decode")  # the (zeroed) cache buffers, which every signature shares
         weakref.finalize(self, _release, self.model, env, self.caches, self._bound)
         _quiet_teardown()
 
@@ -154,7 +155,7 @@ class CompiledGraph:
                 if t.key not in self.caches:
                     inputs[t.name].write(np.asarray(feeds[t.key], np.dtype(t.dtype)))
             self.model.run_by_name(sig.backend_name, inputs, outputs)
-        return {key: outputs[name].read(int(np.prod(shape)), dtype).reshape(shape) for key, name, shape, dtype in read}
+        return {key: outputs[name].read(size, dtype).reshape(shape) for key, name, size, shape, dtype in read}
 
     def _bind(self, signature: str) -> tuple[dict, dict, list]:
         """The signature's buffers, created on first use; the caches' are shared by every signature. The first
@@ -169,7 +170,8 @@ class CompiledGraph:
             outputs = {t.name: self.caches.get(t.key) or self.model.create_output_buffer_by_name(sig.backend_name,
                                                                                                  t.name)
                        for t in sig.outputs}
-            read = [(t.key, t.name, tuple(t.shape), np.dtype(t.dtype)) for t in sig.outputs if t.key not in self.caches]
+            read = [(t.key, t.name, int(np.prod(t.shape)), tuple(t.shape), np.dtype(t.dtype)) for t in sig.outputs
+                    if t.key not in self.caches]
             self._bound[signature] = inputs, outputs, read
         return self._bound[signature]
 
@@ -212,8 +214,6 @@ class StateKV:
         self.graph = graph
         self.specs = {t.key: (tuple(t.shape), np.dtype(t.dtype)) for t in backend.signatures["decode"].inputs
                       if t.role in CACHE_ROLES}
-        with output_captured("LiteRT's cache buffers"):
-            graph._bind("decode")  # creates the (zeroed) cache buffers
         self.version = 0  # counts changes of the caches: every target call updates them in place
         self._read: dict[tuple, tuple[int, np.ndarray]] = {}  # key -> (version, array), read once per version
         self.capacity = int(opts["cache_len"])
