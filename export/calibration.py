@@ -1,10 +1,11 @@
 """Calibration for `--quant int4`: the prompts whose activations weight the int4 scale search (export/int4.py).
 
-The built-in set is short, mixed text written for this purpose: code, prose, a dialogue, a list, arithmetic. It is
-not the export's reference prompts (export/reference.py), on which fidelity is measured, nor the held-out prompts
-the tiny pair's demo and quant report measure on; `tests/test_int4.py` checks both. A user's `--calibration
-FILE.jsonl` holds one `{"text": ...}` or `{"ids": [...]}` per line and is refused when it contains a reference prompt.
-"""
+The built-in set (calibration.txt) is mixed text written for this purpose: code in several languages, prose,
+dialogues, lists, arithmetic, eight natural languages. It is not the export's reference prompts
+(export/reference.py), on which fidelity is measured, nor the held-out prompts the tiny pair's demo and quant report
+measure on; `tests/test_int4.py` checks both, so the built-in set is never refused. A user's `--calibration
+FILE.jsonl` holds one `{"text": ...}` or `{"ids": [...]}` per line and is refused when it contains a reference
+prompt (check_file, before any weights load)"""
 
 from __future__ import annotations
 
@@ -21,90 +22,119 @@ from .int4 import weight_key
 
 log = logging.getLogger("mtpkit")
 
-MAX_TOKENS = 128  # per calibration prompt: enough to excite every channel, cheap at full size
-BUILT_IN = (
-    "def moving_average(values, window):\n    total, out = 0.0, []\n    for i, v in enumerate(values):\n"
-    "        total += v\n        if i >= window:\n            total -= values[i - window]\n"
-    "        out.append(total / min(i + 1, window))\n    return out\n",
-    "class Inventory:\n    def __init__(self):\n        self.items = {}\n\n    def add(self, name, count=1):\n"
-    "        self.items[name] = self.items.get(name, 0) + count\n\n    def remove(self, name):\n"
-    "        if self.items.get(name, 0) <= 0:\n            raise KeyError(name)\n        self.items[name] -= 1\n",
-    "The river bends twice before it reaches the town. In spring the water rises over the lower fields, and "
-    "farmers move their animals to the hills until the floods pass. By midsummer the banks are dry again.",
-    "User: Can you suggest a name for a small bakery that sells bread and coffee?\nAssistant: A few ideas: "
-    "Morning Crumb, The Warm Loaf, Grain and Bean. A short name that says what you sell is easy to remember.",
-    "Steps to repot a plant: 1. Water it a day before. 2. Choose a pot one size larger. 3. Loosen the roots "
-    "gently. 4. Add fresh soil around the sides. 5. Keep it out of direct sun for a week.",
-    "If a train leaves at 14:20 and the journey takes 2 hours 55 minutes, it arrives at 17:15. Twelve percent "
-    "of 250 is 30, and the square root of 144 is 12.",
-    "import json\nfrom pathlib import Path\n\nconfig = json.loads(Path('settings.json').read_text())\n"
-    "for key, value in sorted(config.items()):\n    print(f'{key:>20}: {value}')\n",
-    "Die Bibliothek ist montags geschlossen. La reunión empieza a las nueve. Le musée ouvre à dix heures. "
-    "Gli studenti leggono in silenzio.",
-)
+MAX_TOKENS = 128  # per calibration window: enough context to excite every channel, cheap at full size
+TEXT_FILE = Path(__file__).with_name("calibration.txt")
+
+
+def _built_in() -> tuple[str, ...]:
+    """The documents of calibration.txt: about 5000 tokens on Gemma's tokenizer, more than the widest input that
+    int4 compensates at any published shape (E4B's gate / up read 2560 channels), so the default runs GPTQ."""
+    documents = TEXT_FILE.read_text(encoding="utf-8").split("\n%%\n")[1:]  # [0]: the file's comment lines
+    return tuple(documents[:-1]) + (documents[-1].removesuffix("\n"),)
+
+
+BUILT_IN = _built_in()
 
 
 def load(path: Path | None, encode, bos_id: int) -> tuple[list[list[int]], dict]:
-    """(prompts as ids, each at most MAX_TOKENS, bos first; a record of where they came from)."""
+    """(prompts as ids: every text cut into windows of at most MAX_TOKENS, bos first, so that all of it counts;
+    a record of where they came from)."""
     if path is None:
         texts = list(BUILT_IN)
-        prompts = [[bos_id, *encode(t)][:MAX_TOKENS] for t in texts]
+        prompts = [w for t in texts for w in windows([bos_id, *encode(t)], bos_id)]
         source, digest = "built-in", hashlib.sha256("\n".join(texts).encode()).hexdigest()
     else:
-        prompts = [p[:MAX_TOKENS] for p in _read_jsonl(Path(path), encode, bos_id)]
+        prompts = [w for p in _read_jsonl(Path(path), encode, bos_id) for w in windows(p, bos_id)]
         source, digest = str(path), hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return prompts, {"source": source, "sha256": digest, "prompts": len(prompts),
                      "tokens": sum(len(p) for p in prompts)}
 
 
+def windows(ids: list[int], bos_id: int) -> list[list[int]]:
+    """ids in windows of at most MAX_TOKENS; each window after the first starts with bos again when the first did.
+    A last window of one token teaches nothing and is dropped."""
+    head = ids[:1] if ids[:1] == [bos_id] else []
+    body, step = ids[len(head):], MAX_TOKENS - len(head)
+    out = [head + body[i:i + step] for i in range(0, len(body), step)]
+    return [w for w in out if len(w) > 1 or len(out) == 1]
+
+
 def _read_jsonl(path: Path, encode, bos_id: int) -> list[list[int]]:
-    prompts = []
+    return [ids for _, _, ids in _rows(path, encode, bos_id)]
+
+
+def _rows(path: Path, encode, bos_id: int) -> list[tuple[int, str | None, list[int]]]:
+    """(line number, text or None for an {"ids": ...} line, ids) per prompt of a --calibration file."""
+    rows = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            ids = [int(i) for i in row["ids"]] if "ids" in row else [bos_id, *encode(str(row["text"]))]
+            text = None if "ids" in row else str(row["text"])
+            ids = [int(i) for i in row["ids"]] if text is None else [bos_id, *encode(text)]
         except (ValueError, KeyError, TypeError) as e:
             raise UsageError(f"--calibration {path} line {n}: expected {{\"text\": ...}} or {{\"ids\": [...]}} "
                              f"({e.__class__.__name__}: {e})") from None
         if len(ids) < 2:
             raise UsageError(f"--calibration {path} line {n}: a prompt needs at least 2 tokens")
-        prompts.append(ids)
-    if not prompts:
+        rows.append((n, text, ids))
+    if not rows:
         raise UsageError(f"--calibration {path} holds no prompt; give one JSON object per line")
-    return prompts
+    return rows
 
 
-def check_apart(prompts: list[list[int]], reference: list[list[int]], min_len: int = 8) -> None:
-    """Refuse calibration that contains a reference prompt (fidelity would be measured on seen text): a reference
-    prompt (bos dropped) identical to a calibration prompt, or of at least min_len ids and found inside one."""
-    for ref in (r[1:] for r in reference):
-        for i, p in enumerate(prompts):
-            if ref in (p, p[1:]) or (len(ref) >= min_len and _contains(p, ref)):
-                raise UsageError(f"calibration prompt {i + 1} contains a reference prompt, on which the export "
-                                 "measures fidelity; remove it from --calibration")
+MIN_CHARS = 16  # a reference text at least this long is refused inside a calibration text; shorter: only equal
+MIN_DISTINCT = 8  # ... and a run of reference ids with at least this many distinct ids inside an {"ids"} line
 
 
 def check_file(path: Path, tokenizer_file: Path, sliding_window: int) -> None:
-    """Before any weights load: the file parses, and holds none of the reference prompts export/reference.py
-    will build from this tokenizer."""
+    """Before any weights load: the file parses, and holds none of the texts of the reference prompts, on which
+    the export measures fidelity. Text lines are compared as text; {"ids": ...} lines as ids, leaving out the ids
+    that carry no text (unknown, padding, special), so that runs of <unk> never match. The built-in set is not
+    checked: it is apart from every evaluation text by construction (tests/test_int4.py)."""
     from tokenizers import Tokenizer
 
-    from .reference import reference_prompts
+    from .reference import LONG_TEXT, PROMPTS
 
     tok = Tokenizer.from_file(str(tokenizer_file))
     encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
-    reference = [ids for _, ids in reference_prompts(encode, -1, sliding_window, None)]
-    check_apart(_read_jsonl(Path(path), encode, -1), reference)
+    references = [t for _, t in PROMPTS] + [LONG_TEXT]
+    blank = _textless_ids(tok)
+    for n, text, ids in _rows(Path(path), encode, -1):
+        for ref in references:
+            if (_text_inside(ref, text) if text is not None else
+                    _ids_inside([i for i in encode(ref) if i not in blank], [i for i in ids if i not in blank])):
+                raise UsageError(f"--calibration {path} line {n} contains the reference prompt {ref.strip()!r}, "
+                                 "on which the export measures fidelity; remove it from the file")
 
 
-def plans(recipes: dict[str, str], target, adapters: dict, reference: list[list[int]], encode, bos_id: int,
-          path: Path | None = None, ple_bits: int = 8) -> dict:
+def _text_inside(reference: str, text: str) -> bool:
+    ref, text = reference.strip(), text.strip()
+    return ref == text or (len(ref) >= MIN_CHARS and ref in text)
+
+
+def _ids_inside(reference: list[int], ids: list[int]) -> bool:
+    if not reference:
+        return False
+    return reference == ids or (len(set(reference)) >= MIN_DISTINCT and _contains(ids, reference))
+
+
+def _textless_ids(tok) -> set[int]:
+    """The tokenizer's unknown id and its special (added) ids: padding, bos, eos, control tokens."""
+    ids = {i for i, added in tok.get_added_tokens_decoder().items() if added.special}
+    unk = json.loads(tok.to_str())["model"].get("unk_token")
+    if unk is not None and (unk_id := tok.token_to_id(unk)) is not None:
+        ids.add(unk_id)
+    return ids
+
+
+def plans(recipes: dict[str, str], target, adapters: dict, encode, bos_id: int, path: Path | None = None,
+          ple_bits: int = 8) -> dict:
     """export/int4.Int4Plan per side ("target", "drafter") whose recipe is an int4 one. recipes and adapters: side
-    -> recipe / export/models module. int4 on the target runs the calibration prompts (path, or the built-in set)
-    through the PyTorch target for the scale search's importance; reference: the export's reference prompt ids,
-    which the calibration must not contain. The per-layer-embedding path keeps 8 bits unless ple_bits is 4."""
+    -> recipe / export/models module. int4 on the target runs the calibration prompts (path, checked by check_file
+    before the export began, or the built-in set) through the PyTorch target for the scale search's importance.
+    The per-layer-embedding path keeps 8 bits unless ple_bits is 4."""
     from . import int4
 
     out, importance_of, record = {}, None, None
@@ -113,8 +143,7 @@ def plans(recipes: dict[str, str], target, adapters: dict, reference: list[list[
             continue
         if side == "target" and recipe == "int4":
             prompts, record = load(path, encode, bos_id)
-            check_apart(prompts, reference)
-            log.info("  calibrating int4 scales on %d prompts (%d tokens, %s)", record["prompts"], record["tokens"],
+            log.info("  calibrating int4 scales on %d windows (%d tokens, %s)", record["prompts"], record["tokens"],
                      record["source"])
             importance_of = without_thin_moments(
                 importance(target, prompts, adapters[side].INT4_COMPENSATE), record["tokens"])
@@ -162,8 +191,12 @@ def importance(model, prompts: list[list[int]], full: tuple[str, ...] = ()) -> d
 
 def without_thin_moments(importance: dict[str, np.ndarray], tokens: int) -> dict[str, np.ndarray]:
     """A [k, k] moment estimated from fewer than k tokens is rank-deficient and would steer the error compensation
-    by noise: such weights fall back to the diagonal (per-channel) search, and the log says how to get it back."""
-    thin = {key for key, m in importance.items() if m.ndim == 2 and m.shape[0] > tokens}
+    by noise: such weights fall back to the diagonal (per-channel) search. The log says which way each went, and
+    how to get compensation back (the manifest records it per weight: "int4/b32/gptq")."""
+    full = {key for key, m in importance.items() if m.ndim == 2}
+    thin = {key for key in full if importance[key].shape[0] > tokens}
+    if full - thin:
+        log.info("  int4 error compensation (GPTQ) on for %d weights", len(full - thin))
     if thin:
         width = max(importance[key].shape[0] for key in thin)
         log.info("  int4 error compensation off for %d weights: the calibration's %d tokens are fewer than their "

@@ -134,8 +134,7 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     cfg = job.cfg
     recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
     plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
-                              [p["prompt_ids"] for p in reference["prompts"]], _encoder(job.folder),
-                              manifest.tokens["bos"], cfg.calibration, cfg.ple_bits)
+                              _encoder(job.folder), manifest.tokens["bos"], cfg.calibration, cfg.ple_bits)
     page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
     backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level,
                                                      ple_bits=cfg.ple_bits, plans=plans)

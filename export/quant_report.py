@@ -139,9 +139,7 @@ def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] |
     sources = {"target": resolve(checkpoints[0], "target"), "drafter": resolve(checkpoints[1], "drafter")}
     adapters = {"target": target_adapter(sources["target"]), "drafter": drafter_adapter(sources["drafter"])}
     target = adapters["target"].load(sources["target"]) if recipes["target"] == "int4" else None
-    reference = json.loads((folder / manifest.reference["file"]).read_text())
-    return calibration.plans(recipes, target, adapters, [p["prompt_ids"] for p in reference["prompts"]],
-                             _encoder(folder), manifest.tokens["bos"], ple_bits=ple_bits)
+    return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens["bos"], ple_bits=ple_bits)
 
 
 def _calibration(folders: dict) -> dict | None:

@@ -120,3 +120,27 @@ def test_the_ple_bit_width_comes_from_a_table_not_from_the_recipe_name(tmp_path)
     from mtpkit.export.config import PLE_RECIPES
 
     assert {r: _cfg(tmp_path, ple_quant=r).ple_bits for r in PLE_RECIPES} == {"int8": 8, "int4": 4}
+
+
+def test_the_default_int4_export_passes_on_a_word_level_tokenizer_and_says_it_compensated(tmp_path, tiny_checkpoints,
+                                                                                        caplog):
+    """A valid E4B-structured pair whose tokenizer is word-level with <unk>: the built-in calibration maps mostly to
+    <unk> runs, which once matched the reference prompts' <unk> runs and refused the export. The default int4
+    export passes, and its log and manifest say which weights were error-compensated."""
+    import mtpkit
+    from mtpkit.runtime.manifest import load_manifest
+    from tests.test_int4 import _word_level_tokenizer
+
+    src_target, src_drafter = tiny_checkpoints("e4b_text_dense_kv_eq")
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    shutil.copytree(src_target, target)
+    shutil.copytree(src_drafter, drafter)
+    for folder in (target, drafter):
+        _word_level_tokenizer(folder, ["the", "a", "def", "return", "and", "of", "to", "is", "in", "river", "town"])
+    with caplog.at_level(logging.INFO, logger="mtpkit"):
+        out = mtpkit.export_pair(target, drafter, tmp_path / "out", quant="int4", quality_gate=False,
+                                 reference_tokens=8, max_cache_len=128)
+    labels = load_manifest(out).backend("onnx").options["quantization"]["target"]["tensors"]
+    compensated = {n for n, e in labels.items() if e.endswith("/gptq")}
+    assert compensated and all(("gate_proj" in n or "up_proj" in n) for n in compensated)
+    assert f"int4 error compensation (GPTQ) on for {len(compensated)} weights" in caplog.text

@@ -104,22 +104,71 @@ def test_the_built_in_calibration_shares_no_prompt_with_what_fidelity_is_measure
             assert not any(run in text for run in runs)
 
 
-def test_a_calibration_file_holding_a_reference_prompt_is_refused(tmp_path):
-    encode = lambda text: [ord(c) for c in text]  # noqa: E731
-    reference = [[2, *encode("def fibonacci(n):\n    return n\n")]]
-    good = tmp_path / "good.jsonl"
-    good.write_text(json.dumps({"text": "something else entirely"}) + "\n" + json.dumps({"ids": [2, 5, 6, 7]}) + "\n")
-    prompts, record = calibration.load(good, encode, 2)
-    calibration.check_apart(prompts, reference)
-    assert record["prompts"] == 2 and record["source"] == str(good) and prompts[1] == [2, 5, 6, 7]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"text": "intro def fibonacci(n):\n    return n\n outro"}) + "\n")
-    with pytest.raises(UsageError, match="calibration prompt 1 contains a reference prompt"):
-        calibration.check_apart(calibration.load(bad, encode, 2)[0], reference)
-    broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"txt": 1}\n')
+def _word_level_tokenizer(folder, words: list[str]):
+    """A word-level tokenizer with <unk>, as some Gemma 4 fine-tunes ship: most text becomes runs of <unk>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from mtpkit.tiny.make import SPECIAL_TOKENS
+
+    vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *words])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+def _jsonl(path, *rows) -> object:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_calibration_file_holding_a_reference_prompt_is_refused_with_its_text_quoted(tmp_path):
+    from mtpkit.export.reference import PROMPTS
+    from mtpkit.tiny.make import build_tokenizer
+
+    build_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    code = dict(PROMPTS)["code"]
+    good = _jsonl(tmp_path / "good.jsonl", {"text": "something else entirely"}, {"ids": [2, 5, 6, 7]},
+                  {"text": "Hi there"})  # "Hi" is a reference prompt, but only equal text counts for short ones
+    calibration.check_file(good, tmp_path / "tokenizer.json", 32)
+    prompts, record = calibration.load(good, lambda t: [ord(c) for c in t], 2)
+    assert record["prompts"] == 3 and record["source"] == str(good) and prompts[1] == [2, 5, 6, 7]
+    bad = _jsonl(tmp_path / "bad.jsonl", {"text": "fine"}, {"text": f"intro {code} outro"})
+    with pytest.raises(UsageError, match=r"line 2 contains the reference prompt 'def fibonacci\(n\)"):
+        calibration.check_file(bad, tmp_path / "tokenizer.json", 32)
+    ids = build_tokenizer().encode(code, add_special_tokens=False).ids
+    with pytest.raises(UsageError, match="line 1 contains the reference prompt"):  # the same text given as ids
+        calibration.check_file(_jsonl(tmp_path / "ids.jsonl", {"ids": [2, 9, *ids, 9]}), tmp_path / "tokenizer.json", 32)
     with pytest.raises(UsageError, match=r"line 1: expected"):
-        calibration.load(broken, encode, 2)
+        calibration.load(_jsonl(tmp_path / "broken.jsonl", {"txt": 1}), str, 2)
+
+
+def test_runs_of_unknown_ids_never_match_a_reference_prompt(tmp_path):
+    """On a word-level tokenizer the reference prompts are mostly <unk>: a calibration file of <unk> runs, or of
+    other text that maps to <unk>, is not a reference prompt; the reference's own words still are."""
+    tok = _word_level_tokenizer(tmp_path, ["the", "lazy", "dog", "river", "bends"])
+    unk = tok.token_to_id("<unk>")
+    fine = _jsonl(tmp_path / "fine.jsonl", {"ids": [2] + [unk] * 40}, {"text": "A quick brown cat naps by the river."},
+                  {"ids": [2, *tok.encode("jumps over the lazy dog and the river bends", add_special_tokens=False).ids]})
+    calibration.check_file(fine, tmp_path / "tokenizer.json", 32)
+    prose = "The quick brown fox jumps over the lazy dog. "
+    with pytest.raises(UsageError, match="contains the reference prompt 'The quick brown fox"):
+        calibration.check_file(_jsonl(tmp_path / "bad.jsonl", {"text": "so: " + prose}), tmp_path / "tokenizer.json", 32)
+
+
+def test_the_built_in_set_is_windowed_whole_and_outnumbers_the_widest_compensated_input():
+    """Every token of the built-in text counts (windows, not a cut at MAX_TOKENS); on a byte-level tokenizer it
+    gives far more tokens than E4B's 2560 gate / up input channels (about 5000 on Gemma's tokenizer, see the
+    calibration docs), so the default --quant int4 compensates at every published shape."""
+    encode = lambda text: list(text.encode())  # noqa: E731
+    prompts, record = calibration.load(None, encode, 2)
+    assert record["tokens"] == sum(len(p) for p in prompts) == sum(len(encode(t)) for t in calibration.BUILT_IN) \
+        + len(prompts)  # one bos per window
+    assert all(p[0] == 2 and 1 < len(p) <= calibration.MAX_TOKENS for p in prompts)
+    assert record["tokens"] > 3 * 2560 and len(calibration.BUILT_IN) >= 40
+    assert calibration.windows([2, *range(10, 10 + 2 * calibration.MAX_TOKENS - 1)], 2)[-1][0] == 2
+    assert calibration.windows([7, 8, 9], 2) == [[7, 8, 9]]
 
 
 def test_calibration_is_refused_without_int4_and_when_missing(tmp_path):
@@ -216,3 +265,12 @@ def test_the_tiny_pairs_held_out_text_is_not_calibration_text():
     for cal in calibration.BUILT_IN:
         runs = {cal[i:i + 40] for i in range(0, max(1, len(cal) - 40), 10)}
         assert not any(run in text for run in runs for text in texts)
+
+
+def test_calibration_tokens_tool_counts_the_built_in_set_against_the_published_widths(tool, tmp_path, capsys):
+    from mtpkit.tiny.make import build_tokenizer
+
+    build_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    assert tool("calibration_tokens").main([str(tmp_path / "tokenizer.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(calibration.BUILT_IN)} documents" in out and "E4B: gate / up read 2560 channels: compensated yes" in out
