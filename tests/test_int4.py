@@ -157,16 +157,21 @@ def test_runs_of_unknown_ids_never_match_a_reference_prompt(tmp_path):
         calibration.check_file(_jsonl(tmp_path / "bad.jsonl", {"text": "so: " + prose}), tmp_path / "tokenizer.json", 32)
 
 
-def test_the_built_in_set_is_windowed_whole_and_outnumbers_the_widest_compensated_input():
-    """Every token of the built-in text counts (windows, not a cut at MAX_TOKENS); on a byte-level tokenizer it
-    gives far more tokens than E4B's 2560 gate / up input channels (about 5000 on Gemma's tokenizer, see the
-    calibration docs), so the default --quant int4 compensates at every published shape."""
+def test_the_built_in_set_is_windowed_spread_and_outnumbers_the_widest_compensated_input():
+    """The built-in text is cut into windows (not at MAX_TOKENS), taken round-robin over its documents up to
+    BUILT_IN_TOKENS: on a byte-level tokenizer every document's first window is in, and the tokens are more than
+    E4B's 2560 gate / up input channels (Gemma's tokenizer: every window, tools/calibration_tokens.py), so the
+    default --quant int4 compensates at every published shape."""
     encode = lambda text: list(text.encode())  # noqa: E731
     prompts, record = calibration.load(None, encode, 2)
-    assert record["tokens"] == sum(len(p) for p in prompts) == sum(len(encode(t)) for t in calibration.BUILT_IN) \
-        + len(prompts)  # one bos per window
+    assert record["tokens"] == sum(len(p) for p in prompts)
+    assert 2560 < calibration.BUILT_IN_TOKENS <= record["tokens"] < calibration.BUILT_IN_TOKENS + calibration.MAX_TOKENS
     assert all(p[0] == 2 and 1 < len(p) <= calibration.MAX_TOKENS for p in prompts)
-    assert record["tokens"] > 3 * 2560 and len(calibration.BUILT_IN) >= 40
+    firsts = [[2, *encode(t)][:calibration.MAX_TOKENS] for t in calibration.BUILT_IN]
+    assert prompts[:len(firsts)] == firsts and len(calibration.BUILT_IN) >= 40
+    coarse = lambda text: encode(text)[::4]  # noqa: E731  # a tokenizer with long tokens: all of the text
+    every = [w for t in calibration.BUILT_IN for w in calibration.windows([2, *coarse(t)], 2)]
+    assert calibration.load(None, coarse, 2)[1]["tokens"] == sum(map(len, every)) < calibration.BUILT_IN_TOKENS
     assert calibration.windows([2, *range(10, 10 + 2 * calibration.MAX_TOKENS - 1)], 2)[-1][0] == 2
     assert calibration.windows([7, 8, 9], 2) == [[7, 8, 9]]
 
