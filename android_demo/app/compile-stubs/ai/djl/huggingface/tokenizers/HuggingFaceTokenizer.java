@@ -1,7 +1,7 @@
-// Compile-only declaration (android_demo/test.sh's classpath, never packaged). Mirrors deepjavalibrary/djl
-// extensions/tokenizers/src/main/java/ai/djl/huggingface/tokenizers/HuggingFaceTokenizer.java at v0.30.0 (the
-// version gradle/libs.versions.toml pins): the members the app calls. Upstream extends NativeResource<Long> and
-// implements Tokenizer; of those the app relies only on AutoCloseable.
+// Compile-only declaration (android_demo/test.sh's classpath, never packaged). Mirrors deepjavalibrary/djl v0.30.0
+// extensions/tokenizers/src/main/java/ai/djl/huggingface/tokenizers/HuggingFaceTokenizer.java: the members the app
+// calls. Upstream extends NativeResource<Long> and implements Tokenizer; of those the app relies only on
+// AutoCloseable.
 package ai.djl.huggingface.tokenizers;
 
 import java.io.IOException;

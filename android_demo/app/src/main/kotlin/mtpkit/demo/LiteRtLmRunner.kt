@@ -18,7 +18,7 @@ import com.google.ai.edge.litertlm.ModelInfo
  */
 @OptIn(ExperimentalApi::class)
 class LiteRtLmRunner(private val path: String) : AutoCloseable {
-    val hasDrafter: Boolean = ModelInfo(path).use { it.hasSpeculativeDecodingSupport() }
+    val hasDrafter: Boolean = ModelInfo.from(path).use { it is ModelInfo.Llm && it.hasSpeculativeDecodingSupport() }
     private val engine: Engine
 
     init {

@@ -1,5 +1,5 @@
-// Compile-only declaration (android_demo/test.sh's classpath, never packaged). Mirrors google-ai-edge/LiteRT-LM
-// kotlin/java/com/google/ai/edge/litertlm/Benchmark.kt at commit 0ea540e401e3: BenchmarkInfo whole (the
+// Compile-only declaration (android_demo/test.sh's classpath, never packaged). Mirrors
+// google-ai-edge/LiteRT-LM v0.18.0 kotlin/java/com/google/ai/edge/litertlm/Benchmark.kt: BenchmarkInfo whole (the
 // benchmark() function, which the app does not use, is left out).
 package com.google.ai.edge.litertlm
 

@@ -1,7 +1,7 @@
-// Compile-only declarations (android_demo/test.sh's classpath, never packaged). Mirrors google-ai-edge/LiteRT-LM
-// kotlin/java/com/google/ai/edge/litertlm/Config.kt at commit 0d05de39b445: Backend, ActivationDataType and
-// EngineConfig whole; of ConversationConfig only enableSpeculativeDecoding (its other parameters all have
-// defaults upstream and come first, so callers must pass it by name, as the app does).
+// Compile-only declarations (android_demo/test.sh's classpath, never packaged). Mirror
+// google-ai-edge/LiteRT-LM v0.18.0 kotlin/java/com/google/ai/edge/litertlm/Config.kt: Backend, ActivationDataType and
+// EngineConfig whole; of ConversationConfig only enableSpeculativeDecoding (its other parameters all have defaults
+// upstream and come first, so callers must pass it by name, as the app does).
 package com.google.ai.edge.litertlm
 
 sealed class Backend(val name: String) {

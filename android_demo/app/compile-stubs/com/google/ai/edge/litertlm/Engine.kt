@@ -1,6 +1,6 @@
-// Compile-only declaration (android_demo/test.sh's classpath, never packaged). Mirrors google-ai-edge/LiteRT-LM
-// kotlin/java/com/google/ai/edge/litertlm/Engine.kt at commit 35f580cfc234: the public members of Engine except
-// createSession and setNativeMinLogSeverity, which the app does not use.
+// Compile-only declaration (android_demo/test.sh's classpath, never packaged). Mirrors
+// google-ai-edge/LiteRT-LM v0.18.0 kotlin/java/com/google/ai/edge/litertlm/Engine.kt: the public members of Engine
+// except createSession and setNativeMinLogSeverity, which the app does not use.
 package com.google.ai.edge.litertlm
 
 class Engine(val engineConfig: EngineConfig) : AutoCloseable {

@@ -1,5 +1,5 @@
-// Compile-only declarations (android_demo/test.sh's classpath, never packaged). Mirror google-ai-edge/LiteRT-LM
-// kotlin/java/com/google/ai/edge/litertlm/ExperimentalFlags.kt at commit 53a374e763a5: the ExperimentalApi
+// Compile-only declarations (android_demo/test.sh's classpath, never packaged). Mirror
+// google-ai-edge/LiteRT-LM v0.18.0 kotlin/java/com/google/ai/edge/litertlm/ExperimentalFlags.kt: the ExperimentalApi
 // opt-in annotation whole and, of ExperimentalFlags, the enableBenchmark flag the app sets.
 package com.google.ai.edge.litertlm
 
