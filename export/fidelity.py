@@ -54,8 +54,13 @@ def teacher_forced(folder: Path, target, reference: dict, backend: str | None = 
         agree.append(got.argmax(-1) == want.argmax(-1))
         kls.append(_kl(want, got))
         max_abs, positions = max(max_abs, float(np.abs(got - want).max())), positions + len(got)
-    return {"top1_agreement": float(np.concatenate(agree).mean()), "mean_kl": float(np.concatenate(kls).mean()),
-            "max_abs_logit": max_abs, "positions": positions}
+    return {"top1_agreement": float(np.concatenate(agree).mean()), "top1_stderr": _stderr([a.mean() for a in agree]),
+            "mean_kl": float(np.concatenate(kls).mean()), "max_abs_logit": max_abs, "positions": positions}
+
+
+def _stderr(per_prompt: list[float]) -> float:
+    """Standard error of the mean over prompts: how far another draw of as many prompts may move top-1."""
+    return float(np.std(per_prompt, ddof=1) / np.sqrt(len(per_prompt))) if len(per_prompt) > 1 else 0.0
 
 
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:

@@ -256,7 +256,8 @@ def markdown(report: dict) -> str:
                      f"{rt['tokens_per_target_call']:.2f} | {r['plain_ms_per_token']:.2f} | "
                      f"{base[r['backend']]['plain_ms_per_token'] / r['plain_ms_per_token']:.2f}x | "
                      f"{r['speculative_ms_per_token']:.2f} |" +
-                     (f" {h['teacher_forced']['top1_agreement']:.3f} | {h['teacher_forced']['mean_kl']:.1e} | "
+                     (f" {h['teacher_forced']['top1_agreement']:.3f} ± {h['teacher_forced']['top1_stderr']:.3f} | "
+                      f"{h['teacher_forced']['mean_kl']:.1e} | "
                       f"{h['runtime']['greedy_prefix_match']:.2f} |" if h else (" - | - | - |" if held else "")))
     return "\n".join(lines) + "\n"
 

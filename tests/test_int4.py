@@ -265,8 +265,8 @@ def test_the_tiny_pairs_held_out_text_is_not_calibration_text():
     spec = importlib.util.spec_from_file_location("heldout_text", Path(__file__).parents[1] / "tools/heldout_text.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    texts = module.windows(16, 900)
-    assert len(texts) == 16 and all(len(t) > 500 for t in texts)
+    texts = module.windows(64, 900)
+    assert len(texts) == 64 and len(set(texts)) == 64 and all(len(t) > 500 for t in texts)
     for cal in calibration.BUILT_IN:
         runs = {cal[i:i + 40] for i in range(0, max(1, len(cal) - 40), 10)}
         assert not any(run in text for run in runs for text in texts)

@@ -197,8 +197,11 @@ def test_quant_report_derives_pairs_from_one_float_export_and_tabulates_them(tin
     rows = [{**row, "backend": kind, "target_recipe": t, "drafter_recipe": d, "plain_ms_per_token": ms}
             for kind, t, d, ms in [("onnx", "fp32", "fp32", 2.0), ("onnx", "int4", "int8", 0.5),
                                    ("litert", "fp32", "fp32", 3.0), ("litert", "int8", "fp32", 1.0)]]
+    rows[1]["heldout"] = {"teacher_forced": {"top1_agreement": 0.954, "top1_stderr": 0.0041, "mean_kl": 0.003},
+                          "runtime": {"greedy_prefix_match": 0.7}}  # held-out top-1 with its standard error
     table = quant_report.markdown({"rows": rows}).splitlines()
     assert len(table) == 6 and table[3].startswith("| onnx | int4 | int8 | 3.00 | 0.900 |") and "| 4.00x |" in table[3]
+    assert table[3].endswith("| 0.954 ± 0.004 | 3.0e-03 | 0.70 |") and table[2].endswith("| - | - | - |")
     assert table[5].startswith("| litert | int8 | fp32 |") and "| 3.00x |" in table[5]  # against LiteRT's own fp32
     quant_report._plots(rows, tmp_path)
     assert (tmp_path / "size_vs_top1.png").stat().st_size > 0 and (tmp_path / "acceptance.png").stat().st_size > 0
