@@ -38,4 +38,10 @@ def test_demo_exports_proves_parity_and_reports_speed(tmp_path):
     # the product's default export: a LiteRT verify of 4 tokens, so the hand-off checks run k = 3 (pair.json: 4)
     assert timed["max_draft"] == report["k"] == 3 and report["transformers_k"] == 4
     assert json.loads((out / "demo_pair.json").read_text())["pair"] == "small"
+    # the cost shape is printed beside E2B's on the same recipe and CPU kind, where that was measured
+    from mtpkit.tiny.demo import E2B_COST_RATIO, cpu_kind
+
+    assert report["cpu"] == cpu_kind() and report["e2b_cost_ratio"] == E2B_COST_RATIO[("litert", "int8")].get(cpu_kind())
+    e2b = f"E2B on litert int8, {cpu_kind()}: 1/{report['e2b_cost_ratio']}" if report["e2b_cost_ratio"] else "E2B not"
+    assert e2b in result.stdout
 

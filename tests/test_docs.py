@@ -349,6 +349,21 @@ def unindexed_pages(root: Path = ROOT) -> list[str]:
     return [_rel(p) for p in sorted((root / "docs").rglob("*.md")) if p != index and p.resolve() not in linked]
 
 
+README_WIDTH = 160  # the product page reads in a terminal and a diff: a headline cell is one figure and a link
+
+
+def long_lines(path: Path, width: int = README_WIDTH) -> list[str]:
+    return [f"{_rel(path)}:{n}: {len(line)} characters (at most {width})"
+            for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > width]
+
+
+def test_readme_lines_are_at_most_160_characters(tmp_path):
+    assert not long_lines(ROOT / "README.md"), "\n".join(long_lines(ROOT / "README.md"))
+    wide = tmp_path / "README.md"
+    wide.write_text("ok\n| a | " + "x" * 160 + " |\n")
+    assert long_lines(wide) == [f"{wide}:2: 166 characters (at most 160)"]
+
+
 def test_the_docs_index_lists_every_page():
     assert not unindexed_pages(), f"docs/README.md does not link to: {unindexed_pages()}"
 

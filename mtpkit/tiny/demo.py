@@ -11,10 +11,10 @@ from pathlib import Path
 log = logging.getLogger("mtpkit")
 
 EPILOG = """Uses the trained tiny Gemma 4 target + drafter in mtpkit/tiny/assets/tiny_pair (see its pair.json).
-By default (--pair e2b-shaped) the target is first grown wide (mtpkit/tiny/grow.py: MLPs x24, 37 M
-parameters, same drafter) so that a drafter step costs about 1/25 of a target call, as with the real E2B
-pair; it is grown once (a few seconds, 141 MB) into ~/.cache/mtpkit/demo-pairs (or $MTPKIT_CACHE_DIR) and
-kept there, since the export's manifest points at it. --pair small uses the shipped pair as is (fast, but its
+By default (--pair e2b-shaped) the target is first grown wide (mtpkit/tiny/grow.py: MLPs x64, 96 M
+parameters, same drafter) so that on the timed recipe a drafter step costs about what the real E2B pair's does
+relative to a target call (the demo prints both); it is grown once (about 15 s, 383 MB) into
+~/.cache/mtpkit/demo-pairs (or $MTPKIT_CACHE_DIR) and kept there, since the export's manifest points at it. --pair small uses the shipped pair as is (fast, but its
 drafter costs 1/3 of a target call, so speculation barely pays).
 
 Steps: export the float pair to DIR and replay the transformers reference through the runtime on each
@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     for backend in backends:
         recipe = recipes[backend]
         report = heldout_check(timed[backend], backend, args.threads, args.max_new_tokens, args.repeats)
-        report["recipe"], report["export"] = recipe, str(timed[backend])
+        report["recipe"], report["export"], report["cpu"] = recipe, str(timed[backend]), cpu_kind()
+        report["e2b_cost_ratio"] = E2B_COST_RATIO.get((backend, recipe), {}).get(report["cpu"])
         print_heldout(report)
         if report["same_tokens"] < report["runs"]:
             failures.append(f"speculative output differed from plain output on {backend} {recipe} in "
@@ -180,6 +181,28 @@ def _tokens(engine, ids: list[int], cfg, stats) -> list[int]:
     return [t for t, _ in engine.generate(ids, cfg, stats)]
 
 
+# E2B's target decode / drafter step on the recipe the demo times by default, measured at the full E2B shape
+# (random weights, 1 thread, position 256; tools/call_costs.py, docs/scale-bench.md): AVX2 176.2 / 2.73 ms
+# (the 3-step round's mean, --max-draft 3), AVX-512 VNNI 122.1 / 4.3 ms
+E2B_COST_RATIO = {("litert", "int8"): {"AVX2": 65, "AVX-512 VNNI": 28}}
+
+
+def cpu_kind() -> str:
+    """The x86 vector extension that decides the int8 kernels' speed ("AVX-512 VNNI", "AVX-512", "AVX2"), else the
+    machine name (ARM64 phones are not measured)."""
+    import platform
+
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    for flag, kind in (("avx512_vnni", "AVX-512 VNNI"), ("avx512f", "AVX-512"), ("avx2", "AVX2")):
+        if flag in flags:
+            return kind
+    return platform.machine()
+
+
 def heldout_prompts() -> list[tuple[str, str]]:
     """(category, text) of the held-out prompts transformers was measured on (the shipped pair's pair.json)."""
     from .train import ASSETS
@@ -196,8 +219,11 @@ def print_heldout(report: dict) -> None:
           f"at k={report['k']} {t['hf']:.2f} with transformers' hand-off (transformers measured "
           f"{report['transformers_tokens_per_target_call']:.2f} at k={report['transformers_k']}), {t['clean']:.2f} "
           "with the clean hand-off")
+    e2b = report.get("e2b_cost_ratio")
     print(f"cost shape: target decode {c['target_decode']:.2f} ms, drafter step {c['drafter_step']:.2f} ms "
-          f"(1/{c['target_decode'] / c['drafter_step']:.0f} of a target call)")
+          f"(1/{c['target_decode'] / c['drafter_step']:.0f} of a target call; "
+          + (f"E2B on {report['backend']} {report['recipe']}, {report['cpu']}: 1/{e2b}, docs/scale-bench.md)" if e2b
+             else f"E2B not measured on {report['backend']} {report['recipe']}, {report['cpu']})"))
     for r in report["rows"]:
         b = r["bench"]
         print(f"  {r['category']:<18} speculative (auto, k={b['predicted_k']}) vs plain: {b['speedup']:.2f}x "
