@@ -12,6 +12,9 @@ import logging
 from mtpkit.runtime.quiet import output_captured  # noqa: F401  (export's callers import it from here)
 
 _MISSING = object()
+# The creation time every .litertlm header gets inside litertlm_identity: a file's bytes must not depend on when it
+# was written (when the export ran is in manifest.json's `measured` section).
+LITERTLM_TIME = "1970-01-01T00:00:00+00:00"
 
 
 @contextlib.contextmanager
@@ -96,3 +99,24 @@ def import_quietly() -> None:
             import torchao.prototype.mx_formats  # noqa: F401 - what transformers' torchao quantizer imports
         except ImportError:  # not installed: transformers will not import it either
             pass
+
+
+@contextlib.contextmanager
+def litertlm_identity(uuid: str, timestamp: str = LITERTLM_TIME):
+    """Every .litertlm header written inside the block carries this uuid and creation_timestamp.
+
+    litert-lm-builder 0.18.1's populate_system_metadata (litertlm_builder.py), which LitertLmFileBuilder.build and
+    ai-edge-quantizer 0.10.0's LiteRTLMFile.serialize both call through the module, replaces them with uuid4()
+    and now(): two bundles of the same sections would differ in those bytes.
+    """
+    from litert_lm_builder import litertlm_builder as builder
+
+    drawn = builder.populate_system_metadata
+    fixed = {"uuid": uuid, "creation_timestamp": timestamp}
+
+    def populate(system_metadata):
+        return [builder.Metadata(m.key, fixed[m.key], m.dtype) if m.key in fixed else m
+                for m in drawn(system_metadata)]
+
+    with patched(builder, "populate_system_metadata", populate):
+        yield

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import json
 import shutil
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, s
 
 from .. import int4
 from ..int4 import INT4_RECIPES
+from ..scoped import litertlm_identity
 
 # ---- quantization: each float .tflite re-grafted, then the bundle's sections swapped for the results ----
 
@@ -141,7 +145,8 @@ def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int, plan=N
 def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
     """Replace every .tflite section of the .litertlm by the file of its model_type, keeping the other sections
     (metadata, tokenizer) and the section order; check the result carries exactly the files' bytes. Sections are
-    copied from the files a block at a time, never held in memory.
+    copied from the files a block at a time, never held in memory. The header's uuid is named by the sections and
+    its time fixed (_content_uuid), so the same sections always give the same file.
 
     Returns the model types of the bundle's TFLite sections.
     """
@@ -164,7 +169,7 @@ def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
         raise RuntimeError(f"{bundle.name} has no section for {', '.join(sorted(missing))}")
     tmp = bundle.with_name(f".{bundle.name}.rebuilt")
     try:
-        with _streamed_output(litertlm_utils.mmap_utils):
+        with _streamed_output(litertlm_utils.mmap_utils), litertlm_identity(_content_uuid(source, overrides)):
             source.serialize(tmp, overrides)
         rebuilt = litertlm_utils.LiteRTLMFile(tmp).sections
         for i, section in overrides.items():
@@ -179,6 +184,18 @@ def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
 
 
 _BLOCK = 64 << 20  # bytes copied or compared at a time
+
+
+def _content_uuid(source, overrides: dict) -> str:
+    """The bundle's uuid, named by its sections (each one's metadata and sha256, in order): the same sections give
+    the same uuid, and any changed section a new one, as a drawn uuid4 would (export/scoped.py litertlm_identity)."""
+    digest = hashlib.sha256()
+    for i in range(len(source.sections)):
+        data = sha256_file(overrides[i].path) if i in overrides else hashlib.sha256(
+            source.get_section_buffer(i)).hexdigest()
+        items = json.dumps(source.get_section_metadata(i), sort_keys=True, default=str)
+        digest.update(f"{i} {source.sections[i].dataType} {items} {data}\n".encode())
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"sha256:{digest.hexdigest()}"))
 
 
 class _FileSection:
