@@ -286,6 +286,10 @@ def _tensor_role(m):
     m["backends"]["onnx"]["signatures"]["decode"]["inputs"][0]["role"] = "present_key"
 
 
+def _tensor_renamed(m):
+    m["backends"]["onnx"]["signatures"]["decode"]["inputs"][0]["name"] = "input_idz"
+
+
 def _export_tokenizer(c: Ctx, content: bytes | None):
     """tokenizer.json deleted, or replaced by `content` with its sha256 re-signed in the manifest (so the file
     reaches the tokenizer's parser)."""
@@ -405,6 +409,8 @@ ROWS = [
     ("run-manifest-wrong-container", lambda c: c.run(folder=c.manifest(lambda m: m.__setitem__("backends", []))),
      "backends must be an object"),
     ("run-manifest-unknown-role", lambda c: c.run(folder=c.manifest(_tensor_role)), "must be one of input_ids"),
+    ("run-manifest-tensor-renamed", lambda c: c.run(folder=c.manifest(_tensor_renamed)),
+     "backends.onnx.signatures.decode declares input 'input_idz', which graph target (target.onnx) does not have"),
     ("run-manifest-sha256-mismatch", lambda c: c.run(folder=c.manifest(_onnx_graph("sha256", "0" * 64))),
      "target.onnx does not match the sha256 in manifest.json"),
     ("run-manifest-path-escape", lambda c: c.run(folder=c.manifest(_onnx_graph("file", "../target.onnx"))),

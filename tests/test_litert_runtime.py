@@ -183,3 +183,31 @@ def test_drafter_runs_the_shortest_full_prefix_that_holds_the_view(both):
         drafter.signatures = whole
         assert np.allclose(logits, full_logits, atol=1e-5) and np.argmax(logits) == np.argmax(full_logits)
         assert np.allclose(projected, full_projected, atol=1e-5)
+
+
+@pytest.mark.parametrize("signature,io,index,field,value,line", [
+    ("decode", "inputs", 0, "name", "embedz",  # the target graph: a CompiledModel
+     "manifest.json: backends.litert.signatures.decode declares input 'embedz', which graph target (target.tflite) "
+     "does not have; re-export the model"),
+    ("draft_masked", "outputs", 0, "name", "projected",  # the drafter: an Interpreter
+     "manifest.json: backends.litert.signatures.draft_masked declares output 'projected', which graph drafter "
+     "(drafter.tflite) does not have; re-export the model"),
+    ("verify", "inputs", 2, "shape", [1, 1, 256],
+     "manifest.json: backends.litert.signatures.verify declares input 'kv_cache_k_0' with rank 3, but graph target "
+     "(target.tflite) has it with rank 4; re-export the model"),
+], ids=["input-renamed", "output-renamed", "rank-changed"])
+def test_a_signature_that_does_not_match_its_graph_is_refused_before_any_call(litert_exports, tmp_path, signature, io,
+                                                                              index, field, value, line):
+    import shutil
+
+    import mtpkit
+    from mtpkit.errors import ManifestError
+
+    export = tmp_path / "export"
+    shutil.copytree(litert_exports(LITERT_VARIANTS[0]), export)
+    manifest = json.loads((export / "manifest.json").read_text())
+    manifest["backends"]["litert"]["signatures"][signature][io][index][field] = value
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError) as refused:
+        mtpkit.load(export, threads=1, backend="litert")
+    assert str(refused.value) == line

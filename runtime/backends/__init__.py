@@ -9,6 +9,7 @@ Each module `runtime/backends/<kind>.py` provides
   use (runtime/schema.py calls it when the manifest is read);
 - optionally `peers(manifest, threads, max_new_tokens, stack) -> list[runtime.peers.Peer]`: the format's own
   runtime, timed beside mtpkit by `mtpkit bench --peers`, and `PEERS`, their name for the report.
+`load` passes every graph it opens through `check_signatures` (below) before the graph's first call.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from types import ModuleType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from mtpkit.errors import UsageError
 from mtpkit.extras import require
 
 from ..handoff import LastCall
-from ..manifest import Manifest, ManifestError
+from ..manifest import Backend, Manifest, ManifestError, Signature, TensorSpec
 from ..roles import BACKENDS
 
 
@@ -34,6 +35,9 @@ View = TypeVar("View")
 View_co = TypeVar("View_co", covariant=True)
 View_contra = TypeVar("View_contra", contravariant=True)
 Feeds = dict[tuple[str, int | str | None], np.ndarray]  # a graph call's inputs or outputs, keyed by TensorSpec.key
+# a graph's own inputs and outputs of one signature, as the graph runtime reports them: name -> rank, None where
+# the graph does not say
+GraphTensors = tuple[dict[str, int | None], dict[str, int | None]]
 
 
 class KVStore(Protocol[View_co]):
@@ -104,3 +108,36 @@ def open_backend(manifest: Manifest, kind: str | None = None,
 def backend_module(kind: str) -> ModuleType:
     """runtime/backends/<kind>.py (a kind from the role table)."""
     return importlib.import_module(f"{__name__}.{kind}")
+
+
+def check_signatures(backend: Backend, graph: str, tensors: Callable[[Signature], GraphTensors | None]) -> None:
+    """Every signature the manifest declares on `graph` against the graph's own tensors (`tensors(signature)`, None
+    when the graph has no such signature), before any call: a manifest whose tensor names or ranks were edited
+    would otherwise fail inside the graph runtime, in an error that names neither the graph nor the tensor.
+    Metadata only: nothing runs. Both lists must match the graph's, name for name: the runtime feeds only the
+    inputs declared, and reads every output it runs by role from the declared ones."""
+    for name, sig in backend.signatures.items():
+        if sig.graph != graph:
+            continue
+        where = f"manifest.json: backends.{backend.kind}.signatures.{name}"
+        of_graph = f"graph {graph} ({backend.graphs[graph].file})"
+        found = tensors(sig)
+        if found is None:
+            raise ManifestError(f"{where} names signature {sig.backend_name!r}, which {of_graph} does not have; "
+                                "re-export the model")
+        for kind, declared, actual in (("input", sig.inputs, found[0]), ("output", sig.outputs, found[1])):
+            _check_declared(f"{where} declares {kind}", of_graph, declared, actual)
+            undeclared = set(actual) - {t.name for t in declared}
+            if undeclared:
+                raise ManifestError(f"{where} does not declare {kind} {min(undeclared)!r} of {of_graph}; "
+                                    "re-export the model")
+
+
+def _check_declared(declares: str, of_graph: str, declared: list[TensorSpec], actual: dict[str, int | None]) -> None:
+    for t in declared:
+        if t.name not in actual:
+            raise ManifestError(f"{declares} {t.name!r}, which {of_graph} does not have; re-export the model")
+        rank = actual[t.name]
+        if rank is not None and rank != len(t.shape):
+            raise ManifestError(f"{declares} {t.name!r} with rank {len(t.shape)}, but {of_graph} has it with rank "
+                                f"{rank}; re-export the model")

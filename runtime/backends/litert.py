@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from ..handoff import CacheFullError, LastCall, Ranges, drafter_ranges
-from ..manifest import Backend, Manifest
+from ..manifest import Backend, Manifest, Signature
 from ..peers import Peer
 from ..quiet import output_captured
-from . import Drafter, Feeds, Target
+from . import Drafter, Feeds, GraphTensors, Target, check_signatures
 
 PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
 
@@ -79,6 +79,7 @@ class LiteRtSession:
                 continue  # the .litertlm bundle is for LiteRT-LM; `skip` is opened as a CompiledGraph
             interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=default_threads(threads),
                                  **_OPTIONS)
+            check_signatures(backend, name, functools.partial(_interpreter_tensors, interp))
             self._runners[name] = interp
         self.threads = {name: default_threads(threads) for name in [*self._runners, *([skip] if skip else [])]}
         self._cache: dict[str, SignatureCall] = {}
@@ -96,6 +97,27 @@ class LiteRtSession:
                 call = self._cache[signature] = SignatureCall(self._runners[sig.graph], sig.backend_name)
                 out = call(inputs)
         return {t.key: np.array(out[t.name]) for t in sig.outputs}
+
+
+def _interpreter_tensors(interpreter: Any, sig: Signature) -> GraphTensors | None:
+    """A signature's own inputs and outputs with their ranks, as an Interpreter describes them (no tensor is
+    allocated); None if the graph has no signature of that name."""
+    if sig.backend_name not in interpreter.get_signature_list():
+        return None
+    runner = interpreter.get_signature_runner(sig.backend_name)
+    return _ranks(runner.get_input_details()), _ranks(runner.get_output_details())
+
+
+def _compiled_tensors(model: Any, sig: Signature) -> GraphTensors | None:
+    """The same, as a CompiledModel describes them."""
+    if sig.backend_name not in model.get_signature_list():
+        return None
+    return _ranks(model.get_input_tensor_details(sig.backend_name)), _ranks(model.get_output_tensor_details(
+        sig.backend_name))
+
+
+def _ranks(details: dict[str, dict]) -> dict[str, int | None]:
+    return {name: len(d["shape"]) for name, d in details.items()}
 
 
 class SignatureCall:
@@ -125,7 +147,7 @@ class CompiledGraph:
     of copying each in and out (at E2B 2 x 38 MB per call; docs/performance.md). ai-edge-litert 2.3.0's
     Interpreter cannot bind one buffer to an input and an output."""
 
-    def __init__(self, path: str, backend: Backend, threads: int):
+    def __init__(self, path: str, backend: Backend, graph: str, threads: int):
         import ai_edge_litert
         from ai_edge_litert.compiled_model import CompiledModel
         from ai_edge_litert.cpu_options import CpuKernelMode, CpuOptions
@@ -140,9 +162,13 @@ class CompiledGraph:
         with output_captured("LiteRT's CompiledModel"):  # environment and accelerator notices on fd 2
             env = Environment.create(runtime_path=os.path.dirname(ai_edge_litert.__file__))
             self.model = CompiledModel.from_file(path, environment=env, options=Options(cpu_options=cpu))
-            self._bind("decode")  # the (zeroed) cache buffers, which every signature shares
         weakref.finalize(self, _release, self.model, env, self.caches, self._bound)
         _quiet_teardown()
+        # outside the capture, which would replay LiteRT's notices beside the one-line error; before any buffer is
+        # created by a tensor name the graph may not have
+        check_signatures(backend, graph, functools.partial(_compiled_tensors, self.model))
+        with output_captured("LiteRT's cache buffers"):
+            self._bind("decode")  # the (zeroed) cache buffers, which every signature shares
 
     def run(self, signature: str, feeds: Feeds) -> Feeds:
         """The signature's outputs but the caches, as fresh arrays; the caches are updated in place."""
@@ -394,6 +420,6 @@ def load(manifest: Manifest, backend: Backend,
     """The runtime backend contract (runtime/backends/__init__.py), which mypy checks these classes against."""
     graph = backend.signatures["decode"].graph
     session = LiteRtSession(manifest, backend, threads, skip=graph)
-    kv = StateKV(manifest, backend, CompiledGraph(str(manifest.path(backend.graphs[graph].file)), backend,
+    kv = StateKV(manifest, backend, CompiledGraph(str(manifest.path(backend.graphs[graph].file)), backend, graph,
                                                   default_threads(threads)))
     return StateTarget(session, kv), StateDrafter(session, kv, int(manifest.model["vocab_size"]))

@@ -21,7 +21,7 @@ from ..embedding_table import QuantizedTable
 from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest, ManifestError
 from . import Drafter as DrafterProtocol
-from . import Feeds
+from . import Feeds, GraphTensors, check_signatures
 from . import Target as TargetProtocol
 
 if TYPE_CHECKING:
@@ -67,6 +67,9 @@ class OrtSession:
 
     def __init__(self, backend: Backend, sessions: dict[str, ort.InferenceSession], threads: dict[str, int]):
         self.backend, self._sessions, self.threads = backend, sessions, threads
+        for graph, session in sessions.items():  # here, whoever opened the sessions: before their first call
+            tensors = _graph_tensors(session)
+            check_signatures(backend, graph, lambda sig: tensors)
         self._run = {name: s.run for name, s in sessions.items()}  # the public API only
         # per signature: graph, (input name, feed key) pairs, output names and keys, resolved once
         self._io = {name: (sig.graph, [(t.name, t.key) for t in sig.inputs], [t.name for t in sig.outputs],
@@ -107,6 +110,14 @@ class OrtSession:
         graph, inputs, output_names, output_keys = self._io[signature]
         values = self._run[graph](output_names, {name: feeds[key] for name, key in inputs}, None)
         return dict(zip(output_keys, values))
+
+
+def _graph_tensors(session: ort.InferenceSession) -> GraphTensors:
+    """The session's inputs and outputs with their ranks; ONNX Runtime gives an unknown rank as [], like a scalar's,
+    so [] is not compared (the exporters declare no scalars)."""
+    def ranks(args: list) -> dict[str, int | None]:
+        return {a.name: len(a.shape) or None for a in args}
+    return ranks(session.get_inputs()), ranks(session.get_outputs())
 
 
 _EXTRA_CONFIG: dict[str, str] = {}
