@@ -120,3 +120,39 @@ def litertlm_identity(uuid: str, timestamp: str = LITERTLM_TIME):
 
     with patched(builder, "populate_system_metadata", populate):
         yield
+
+
+class _InsertionOrdered(dict):
+    """A set of hashables that iterates in insertion order (the `set` of a module inside insertion_ordered_sets)."""
+
+    def __init__(self, items=()):
+        super().__init__(dict.fromkeys(items))
+
+    def add(self, item) -> None:
+        self[item] = None
+
+
+@contextlib.contextmanager
+def insertion_ordered_sets(module):
+    """`set()` called by `module`'s own code gives a set that iterates in insertion order inside the block.
+
+    A builtin set of strings iterates in an order that Python's string hashing changes from process to process
+    (PYTHONHASHSEED), so a file written in that order differs between two runs of the same export: litert-torch
+    0.10.0's core/litert_lm_builder.py writes the bundle's stop tokens from one.
+    """
+    with patched(module, "set", _InsertionOrdered):
+        yield
+
+
+@contextlib.contextmanager
+def gemma4_layer_types_in_order():
+    """transformers 5.24's Gemma4TextModel keeps `unique_layer_types = set(config.layer_types)` (modeling_gemma4.py)
+    and computes one rotary embedding per type in that set's order, so the ops of a graph traced from it came in
+    an order that changed from process to process. Inside the block every model reads the same types in config
+    order; what its __init__ assigned stays in the instance and is what it reads after the block."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextModel
+
+    in_order = property(lambda self: tuple(dict.fromkeys(self.config.layer_types)),
+                        lambda self, value: self.__dict__.__setitem__("unique_layer_types", value))
+    with patched(Gemma4TextModel, "unique_layer_types", in_order):
+        yield

@@ -23,7 +23,7 @@ from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, s
 
 from ..litert_patches import import_export_hf, litert_workarounds
 from ..phases import MB
-from ..scoped import output_captured, patched, patched_all
+from ..scoped import gemma4_layer_types_in_order, insertion_ordered_sets, output_captured, patched, patched_all
 from . import ExportJob, ExportMemory, litert_graft
 from .litert_describe import (MASK_HIDDEN, cache_indices, describe, draft_signature, draft_windows,
                               drafter_window)
@@ -47,6 +47,12 @@ MEMORY = ExportMemory(
     anonymous={"load": (275, 0.017), "litert graphs": (602, 0.057), "reference": (395, 0.217), "check": (249, 0.538),
                "quantize": (504, 0.336), "acceptance": (437, 0.445)},
     anonymous_recipes=frozenset({"int8", "int4", "int4-rtn"}))
+
+# what writes this backend's files (converter, flatbuffers, the .litertlm) or the figures in its entry (the acceptance
+# runs on ai-edge-litert), recorded with their versions in manifest.json's `export` entry (export/reproduce.py)
+PACKAGES = ("litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer", "litert-lm-builder",
+            "flatbuffers")
+
 
 class LiteRTDraftStep(nn.Module):
     """Gemma 4 assistant step over the target's LiteRT KV caches (K [1,h,C,d], V transposed [1,h,d,C]).
@@ -197,6 +203,16 @@ def _bundle_with_drafter(drafter_path: Path):
 
 
 @contextlib.contextmanager
+def _in_fixed_order():
+    """What export_hf would write in the iteration order of a set of strings (which changes from process to
+    process) written in a fixed order instead: the bundle's stop tokens, the target graph's per-layer-type ops."""
+    from litert_torch.generative.export_hf.core import litert_lm_builder
+
+    with insertion_ordered_sets(litert_lm_builder), gemma4_layer_types_in_order():
+        yield
+
+
+@contextlib.contextmanager
 def _grafted_after_packaging(weights: litert_graft.WeightInputs, source):
     """export_hf writes weightless graphs (WeightInputs) and bundles them as they are (a bundle of a few MB);
     then the checkpoint's weights are grafted into each graph in its work folder. The bundle gets the final
@@ -321,7 +337,7 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     scratch = Path(tempfile.mkdtemp(prefix=".litert-", dir=out_dir))
     try:
-        with output_captured("litert-torch"), litert_workarounds():
+        with output_captured("litert-torch"), litert_workarounds(), _in_fixed_order():
             export_drafter(drafter_model, target_model.config, out_dir / "drafter.tflite", cache_len, scratch)
             checkpoint = gemma4_layout_checkpoint(target_dir, scratch / "checkpoint")
             work = scratch / "export_hf"

@@ -247,7 +247,7 @@ class TargetStep(nn.Module):
         if text.hidden_size_per_layer_input:
             ple = text.project_per_layer_inputs(hidden, text.get_per_layer_inputs(input_ids, None))
         masks, rope = {}, {}
-        for layer_type in set(cfg.layer_types):
+        for layer_type in dict.fromkeys(cfg.layer_types):  # config order: a set's would change run to run
             first = next(i for i in self.owners if cfg.layer_types[i] == layer_type)
             masks[layer_type] = self._mask(new, past_kv[first][0], layer_type)
             rope[layer_type] = text.rotary_emb(hidden, position_ids, layer_type)
