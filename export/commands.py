@@ -19,16 +19,26 @@ DIR receives manifest.json (the contract read by the runtimes), target.onnx + em
 the tokenizer, reference.json/.npz (transformers outputs for `mtpkit parity`) and graph_parity.json.
 The export is written to a temporary folder and renamed into place only after every graph matched PyTorch.
 
-example:
+The same checkpoints, flags and package versions give byte-identical files on every backend. manifest.json
+records the flags and versions (`export`) apart from what was measured (`measured`: times, memory); --verify DIR
+re-runs that record into a temporary folder beside DIR and prints MATCH, or the first file that differs (exit 1).
+
+examples:
   mtpkit export google/gemma-4-E2B-it --drafter google/gemma-4-E2B-it-assistant --out e2b-onnx
+  mtpkit export --verify e2b-onnx
 """
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.epilog = EXPORT_EPILOG
-    p.add_argument("target", help="target checkpoint: local folder or hub id")
-    p.add_argument("--drafter", required=True, help="drafter (-assistant) checkpoint: local folder or hub id")
-    p.add_argument("--out", required=True, type=Path, help="export folder to create")
+    p.add_argument("target", nargs="?", help="target checkpoint: local folder or hub id")
+    p.add_argument("--drafter", help="drafter (-assistant) checkpoint: local folder or hub id (required)")
+    p.add_argument("--out", type=Path, help="export folder to create (required)")
+    p.add_argument("--verify", type=Path, metavar="DIR",
+                   help="instead of exporting: re-run the export DIR/manifest.json records (same checkpoints, flags "
+                        "and, required, package versions) into a temporary folder beside DIR, compare every file "
+                        "(manifest.json outside `measured`) and print MATCH, or the first file that differs and "
+                        "exit 1; takes no other argument")
     p.add_argument("--backend", default="onnx",
                    help=f"comma-separated: {', '.join(BACKENDS)} (each backend's graphs are checked against "
                         "PyTorch; default onnx)")
@@ -81,8 +91,17 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mtpkit.errors import UsageError
+
     from .config import ExportConfig
 
+    if args.verify is not None:
+        return verify(args)
+    missing = [name for name, value in (("TARGET", args.target), ("--drafter", args.drafter), ("--out", args.out))
+               if value is None]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --verify DIR to re-run "
+                         "an export)")
     cfg = ExportConfig(target=args.target, drafter=args.drafter, out=args.out, backend=args.backend,
                        force=args.force, max_cache_len=args.max_cache_len, quant=args.quant,
                        drafter_quant=args.drafter_quant, ple_quant=args.ple_quant, block_size=args.block_size,
@@ -96,3 +115,31 @@ def run(args: argparse.Namespace) -> int:
     out = export_model(cfg)  # GraphParityError and QualityGateError are MtpkitErrors: one line, exit 2
     print(out)
     return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    """`--verify DIR`: MATCH (exit 0), or the first differing file (exit 1)."""
+    from mtpkit.errors import UsageError
+
+    from .reproduce import verify as reexport_and_compare
+
+    given = _flags_beside_verify(args)
+    if given:
+        raise UsageError(f"--verify DIR re-runs the export with the flags DIR/manifest.json records; drop "
+                         f"{', '.join(given)}")
+    difference = reexport_and_compare(args.verify)
+    if difference is None:
+        print(f"MATCH {args.verify}: every file is byte-identical to a re-export from its manifest "
+              "(manifest.json outside `measured`)")
+        return 0
+    print(f"MISMATCH {args.verify}: {difference}")
+    return 1
+
+
+def _flags_beside_verify(args: argparse.Namespace) -> list[str]:
+    """The export arguments given with --verify (those not at their default), as they are spelt."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser, "export")
+    defaults = vars(parser.parse_args(["--verify", "DIR"]))
+    return [("TARGET" if dest == "target" else ("--no-" if default is True else "--") + dest.replace("_", "-"))
+            for dest, default in defaults.items() if dest != "verify" and getattr(args, dest) != default]

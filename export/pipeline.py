@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib
 import json
 import logging
@@ -22,7 +23,7 @@ from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 from . import backends as backends_pkg
 from . import calibration, fidelity
 from . import reference as reference_lib
-from . import outdir, preflight, verify
+from . import outdir, preflight, reproduce, verify
 from .backends import ExportJob
 from .mapped import CHECKPOINT, GRAPHS, page_out
 from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve, safetensors_files
@@ -41,6 +42,7 @@ def export_model(cfg: ExportConfig) -> Path:
         the export folder, holding manifest.json, the graphs, tokenizer, HF config and reference files.
     """
     started = time.time()
+    record = reproduce.record(cfg)  # the flags as given: a re-run adapts the same defaults the same way
     import_quietly()
     target_src, drafter_src = resolve(cfg.target, "target", cfg.target_revision), resolve(
         cfg.drafter, "drafter", cfg.drafter_revision)
@@ -57,7 +59,7 @@ def export_model(cfg: ExportConfig) -> Path:
     lock, tmp = outdir.claim(cfg.out, cfg.force), None  # one writer per folder; removes a killed run's leftovers
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{cfg.out.name}.partial-", dir=cfg.out.parent))
-        phases = _export_into(cfg, tmp, (target_src, drafter_src), (tad, dad), estimate)
+        phases = _export_into(cfg, tmp, (target_src, drafter_src), (tad, dad), estimate, record)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -71,10 +73,12 @@ def export_model(cfg: ExportConfig) -> Path:
     return cfg.out
 
 
-def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate) -> PhaseLog:
+def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate, record: dict) -> PhaseLog:
     """The five steps into the temporary folder tmp, then the rename to cfg.out; each phase is timed and its peak
-    RSS logged (export/phases.py) and recorded in manifest.json's `export` entry (all but the final write)."""
+    RSS logged (export/phases.py) and recorded in manifest.json's `measured` entry (all but the final write), beside
+    `export`, the record of how to re-run it (export/reproduce.py)."""
     (target_src, drafter_src), (tad, dad), phases = sources, adapters, PhaseLog(resident_cap=estimate.resident_cap)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     log.info("[1/5] loading target %s and drafter %s", cfg.target, cfg.drafter)
     with phases.phase("[1/5]", "load"):
         job = _job(cfg, tmp, tad.load(target_src, estimate.dtype), dad.load(drafter_src), tad, dad, target_src, drafter_src)
@@ -87,7 +91,8 @@ def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, 
         manifest = _record_acceptance(manifest, tmp)
     log.info("[5/5] writing %s", cfg.out)
     with phases.phase("[5/5]", "write"):
-        dataclasses.replace(manifest, export={**phases.as_dict(), "preflight": estimate.as_dict()}).save(tmp)
+        measured = {"started": started, **phases.as_dict(), "preflight": estimate.as_dict()}
+        dataclasses.replace(manifest, export=record, measured=measured).save(tmp)
         _replace(tmp, cfg.out)
     return phases
 

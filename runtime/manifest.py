@@ -109,7 +109,8 @@ class Manifest:
     quantization: dict
     reference: dict | None = None  # file, sha256, arrays, arrays_sha256, draft_lengths
     hf_files: dict = field(default_factory=dict)  # the target's config.json / generation_config.json, copied
-    export: dict = field(default_factory=dict)  # how the export ran: per-phase time and peak RSS, the memory preflight
+    export: dict = field(default_factory=dict)  # how to re-run the export: its flags, the writers' versions
+    measured: dict = field(default_factory=dict)  # per-phase time and peak memory, the preflight: differs run to run
     root: Path = field(default=Path("."), compare=False)
 
     @property

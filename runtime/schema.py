@@ -140,7 +140,7 @@ MANIFEST = fields({
     "backends": mapping(BACKEND, 1),
 }, {"reference": optional(fields({"file": STR, "sha256": STR, "draft_lengths": items(integer(1))},
                                 {"arrays": STR, "arrays_sha256": STR})),
-    "hf_files": mapping(STR), "export": DICT})
+    "hf_files": mapping(STR), "export": DICT, "measured": DICT})
 
 
 def _check_kv_tensors(tensors: list[dict], layers: set, where: str) -> None:

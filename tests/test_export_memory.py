@@ -205,8 +205,8 @@ def test_manifest_records_phase_stats_and_the_preflight(tiny_exports):
     from mtpkit.runtime.manifest import load_manifest
 
     folder = tiny_exports(E2B)
-    stats = json.loads((folder / "manifest.json").read_text())["export"]
-    assert load_manifest(folder).export == stats  # the schema and the dataclass accept it
+    stats = json.loads((folder / "manifest.json").read_text())["measured"]
+    assert load_manifest(folder).measured == stats  # the schema and the dataclass accept it
     names = [p["phase"] for p in stats["phases"]]
     assert names == ["load", "onnx graphs", "reference", "check", "acceptance"]
     assert all(p["seconds"] > 0 and p["peak_rss_mb"] > 0 for p in stats["phases"])

@@ -139,8 +139,8 @@ def test_e2b_configured_bf16_model_streams_checks_in_fp32_and_holds_bf16(e2b_wid
     assert table.dtype == torch.bfloat16 and embedding["dtype"] == "float32"
     stored = np.fromfile(out / embedding["file"], np.float32).reshape(embedding["shape"])
     np.testing.assert_array_equal(stored, table.float().numpy())
-    assert manifest["export"]["preflight"]["dtype"] == "bf16"
-    phases = {p["phase"]: p["peak_rss_mb"] for p in manifest["export"]["phases"]}
+    assert manifest["measured"]["preflight"]["dtype"] == "bf16"
+    phases = {p["phase"]: p["peak_rss_mb"] for p in manifest["measured"]["phases"]}
     held_mb = sum(p.stat().st_size for p in target.glob("*.safetensors")) / 2**20  # bf16, read lazily from here on
     # the graphs phase adds the bf16 model's pages and the tensors in flight, not the 2.9 fp32 copies of the
     # weights the whole-graph serialization took (docs/export-memory.md)

@@ -472,6 +472,12 @@ ROWS = [
     ("run-unknown-kv-handoff", lambda c: c.run("--kv-handoff", "x"), "unknown --kv-handoff 'x'"),
     ("parity-without-reference", _parity_without_reference, "has no transformers reference"),
     ("bench-zero-repeats", lambda c: ["bench", str(c.exports(PAIR)), "--repeats", "0"], "--repeats must be >= 1"),
+    ("export-verify-without-record", lambda c: ["export", "--verify", str(c.manifest(lambda m: m.pop("export")))],
+     "has no record of the flags it was exported with"),
+    ("export-verify-other-versions", lambda c: ["export", "--verify", str(c.manifest(
+        lambda m: m["export"]["versions"].update(torch="1.0.0")))], "was exported with torch 1.0.0 (installed: "),
+    ("export-verify-with-flags", lambda c: ["export", "--verify", str(c.export_copy()), "--quant", "int4"],
+     "re-runs the export with the flags DIR/manifest.json records; drop --quant"),
 ]
 
 

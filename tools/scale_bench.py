@@ -14,7 +14,7 @@ speed-up per draft length, and what the export itself cost. Not run in CI.
 - bound = bytes / read bandwidth (runtime/bandwidth.py, `reduce` method, best pass, over 2 GiB); decode's
   fraction of it = bound / measured. Also measured over a buffer the size of the decode's weights: when that
   figure is much higher, the weights fit in a cache and the DRAM bound understates what is reachable.
-- export cost: manifest.json's `export` entry (export/phases.py: per-phase wall time and peak RSS), file sizes.
+- export cost: manifest.json's `measured` entry (export/phases.py: per-phase wall time and peak RSS), file sizes.
 - cost model (runtime/cost_model.py predict) with the measured call costs and the acceptance by position of
   another export (the trained tiny pair: random weights accept nothing meaningful), host terms 0.
 """
@@ -110,7 +110,9 @@ def export_cost(manifest: Manifest, folder: Path) -> dict:
     graphs = {name: {"file": g.file, "recipe": g.recipe,
                      "bytes": files.get(g.file, 0) + sum(files.get(d, 0) for d in g.data_files)}
               for name, g in manifest.backend("onnx").graphs.items()}
-    return {"record": manifest.export or None, "files": files, "total_bytes": sum(files.values()), "graphs": graphs,
+    # exports written before the `measured` entry kept the phases under `export`
+    measured = manifest.measured or (manifest.export if "phases" in manifest.export else None)
+    return {"record": measured, "files": files, "total_bytes": sum(files.values()), "graphs": graphs,
             "backends": list(manifest.backends)}
 
 
@@ -224,7 +226,7 @@ def _load(values) -> str:
 
 
 def _export_lines(r: dict) -> list[str]:
-    cost, lines = r["export_cost"], ["## Export cost (manifest.json `export`, written by export/phases.py)", ""]
+    cost, lines = r["export_cost"], ["## Export cost (manifest.json `measured`, written by export/phases.py)", ""]
     record = cost["record"]
     if record:
         lines += ["| phase | wall s | peak RSS MB |", "|---|---:|---:|"]

@@ -7,6 +7,8 @@ Each module `export/backends/<kind>.py` provides
 - `quantize(folder, backend, recipes, block_size, accuracy_level, ple_bits) -> manifest.Backend`: its float
   graphs rewritten under the recipes (only called for a quantized export);
 - `MEMORY: ExportMemory`: what its phases cost, for the memory preflight (export/preflight.py).
+- `PACKAGES` (optional): the pip distributions that write its files, whose versions manifest.json records
+  (export/reproduce.py).
 The pipeline only orchestrates.
 """
 

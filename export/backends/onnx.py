@@ -45,6 +45,9 @@ TABLE_BITS = {"int8": 8, "int4": 4, "int4-rtn": 4, "int8-dynamic": 8}
 PAST = "past_window.{layer}.{kind}"
 NEW = "new.{layer}.{kind}"
 STREAMED = frozenset({"fp32", "int8", "int4", "int4-rtn"})  # quantized tensor by tensor; fp16 and int8-dynamic load the whole graph
+# what writes this backend's files or the figures in its entry (the acceptance runs on ONNX Runtime), recorded with
+# their versions in manifest.json's `export` entry (export/reproduce.py)
+PACKAGES = ("onnx", "onnxscript", "onnx-ir", "onnxruntime", "protobuf")
 
 
 def _quantize_growth(recipes: set) -> float:
