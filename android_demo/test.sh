@@ -10,7 +10,6 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 DEMO=$ROOT/android_demo
 BUILD=$DEMO/build
-KOTLIN_VERSION=2.4.20
 K=$DEMO/.tools/node_modules/kotlin-compiler
 J=/usr/share/java
 mkdir -p "$BUILD"
@@ -22,6 +21,7 @@ summary() { echo "android_demo: $passed passed, $failed failed"; }
 TOML=$DEMO/gradle/libs.versions.toml
 STUBS=$DEMO/app/compile-stubs
 toml_version() { sed -n "s/^$2 *= *\"\([^\"]*\)\".*/\1/p" "$1" | head -n 1; } # FILE KEY: that [versions] entry
+KOTLIN_VERSION=$(toml_version "$TOML" kotlin)  # kotlinc here and the Kotlin Gradle plugin: one version
 # The release a set of compile stubs mirrors: each file names it as "REPO vX.Y.Z" in its header; prints the one
 # version they all name, or says which file names none or another one.
 stub_version() { # DIR REPO
