@@ -42,8 +42,8 @@ def export_model(cfg: ExportConfig) -> Path:
         the export folder, holding manifest.json, the graphs, tokenizer, HF config and reference files.
     """
     started = time.time()
-    record = reproduce.record(cfg)  # the flags as given: a re-run adapts the same defaults the same way
     import_quietly()
+    record = reproduce.record(cfg)  # the flags as given: a re-run adapts the same defaults the same way
     target_src, drafter_src = resolve(cfg.target, "target", cfg.target_revision), resolve(
         cfg.drafter, "drafter", cfg.drafter_revision)
     tad, dad = target_adapter(target_src), drafter_adapter(drafter_src)

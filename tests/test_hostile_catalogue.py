@@ -478,6 +478,9 @@ ROWS = [
         lambda m: m["export"]["versions"].update(torch="1.0.0")))], "was exported with torch 1.0.0 (installed: "),
     ("export-verify-with-flags", lambda c: ["export", "--verify", str(c.export_copy()), "--quant", "int4"],
      "re-runs the export with the flags DIR/manifest.json records; drop --quant"),
+    ("export-verify-derived", lambda c: ["export", "--verify", str(c.manifest(
+        lambda m: m["backends"]["onnx"]["graphs"]["drafter"].update(recipe="int8")))],
+     "holds quantized graphs (drafter.onnx, ...) under the record of a float export"),
 ]
 
 
