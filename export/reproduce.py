@@ -172,8 +172,14 @@ def _working_directory(path: str | None, folder: Path):
         os.chdir(old)
 
 
+# written beside an export by the runtimes that read it, not by the export: LiteRT-LM's packed weights
+# (model.litertlm_<id>.<section>.xnnpack_cache, its default cache_dir is the bundle's folder)
+RUNTIME_CACHES = (".xnnpack_cache",)
+
+
 def _files(folder: Path) -> set[str]:
-    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+            if p.is_file() and not p.name.endswith(RUNTIME_CACHES)}
 
 
 def _manifest_difference(a: Path, b: Path) -> str | None:

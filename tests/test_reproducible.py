@@ -183,6 +183,8 @@ def test_first_difference_names_the_file_and_where(litert_exports, tmp_path):
     folder = Path(litert_exports(PAIR))
     copy = Path(shutil.copytree(folder, tmp_path / "copy"))
     assert reproduce.first_difference(folder, copy) is None
+    (copy / "model.litertlm_1_2.mtp_drafter.xnnpack_cache").write_bytes(b"x")  # LiteRT-LM's, written beside it
+    assert reproduce.first_difference(copy, folder) is None
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["measured"]["seconds"] += 100  # measured: never compared
     (copy / "manifest.json").write_text(json.dumps(manifest))
