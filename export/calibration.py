@@ -47,7 +47,7 @@ def load(path: Path | None, encode, bos_id: int) -> tuple[list[list[int]], dict]
         prompts = _spread([windows([bos_id, *encode(t)], bos_id) for t in texts], BUILT_IN_TOKENS)
         source, digest = "built-in", hashlib.sha256("\n".join(texts).encode()).hexdigest()
     else:
-        prompts = [w for p in _read_jsonl(Path(path), encode, bos_id) for w in windows(p, bos_id)]
+        prompts = [w for _, _, p in _rows(Path(path), encode, bos_id) for w in windows(p, bos_id)]
         source, digest = str(path), hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return prompts, {"source": source, "sha256": digest, "prompts": len(prompts),
                      "tokens": sum(len(p) for p in prompts)}
@@ -73,10 +73,6 @@ def windows(ids: list[int], bos_id: int) -> list[list[int]]:
     body, step = ids[len(head):], MAX_TOKENS - len(head)
     out = [head + body[i:i + step] for i in range(0, len(body), step)]
     return [w for w in out if len(w) > 1 or len(out) == 1]
-
-
-def _read_jsonl(path: Path, encode, bos_id: int) -> list[list[int]]:
-    return [ids for _, _, ids in _rows(path, encode, bos_id)]
 
 
 def _rows(path: Path, encode, bos_id: int) -> list[tuple[int, str | None, list[int]]]:
@@ -115,12 +111,12 @@ def check_file(path: Path, tokenizer_file: Path, sliding_window: int) -> None:
 
     tok = Tokenizer.from_file(str(tokenizer_file))
     encode = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
-    references = [t for _, t in PROMPTS] + [LONG_TEXT]
     blank = _textless_ids(tok)
+    references = {t: [i for i in encode(t) if i not in blank] for t in [*(t for _, t in PROMPTS), LONG_TEXT]}
     for n, text, ids in _rows(Path(path), encode, -1):
-        for ref in references:
+        for ref, ref_ids in references.items():
             if (_text_inside(ref, text) if text is not None else
-                    _ids_inside([i for i in encode(ref) if i not in blank], [i for i in ids if i not in blank])):
+                    _ids_inside(ref_ids, [i for i in ids if i not in blank])):
                 raise UsageError(f"--calibration {path} line {n} contains the reference prompt {ref.strip()!r}, "
                                  "on which the export measures fidelity; remove it from the file")
 
