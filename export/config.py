@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import difflib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from mtpkit.errors import UsageError, check_number
 from mtpkit.extras import require
@@ -31,30 +32,63 @@ DEFAULT_PREFILL_LEN = 128  # adapts down to the KV capacity when that is smaller
 DEFAULT_MAX_DRAFT = 3
 
 
+def flag(default=MISSING, help: str = "", **argparse: Any):
+    """An ExportConfig field and its `mtpkit export` flag in one place: the help text, argparse's type / choices /
+    metavar, and the default (written into the help by export/commands.py, so the two cannot disagree)."""
+    return field(default=default, metadata={"help": help, **argparse})
+
+
 @dataclass(frozen=True)
 class ExportConfig:
-    target: str  # local HF checkpoint folder or hub id (gemma4 or gemma4_text)
-    drafter: str  # local folder or hub id of the matching gemma4_assistant checkpoint
-    out: Path  # export folder; written atomically
-    backend: tuple[str, ...] = ("onnx",)  # graph formats to write
-    force: bool = False  # replace an existing out folder
-    max_cache_len: int | None = None  # KV capacity (prompt + generated tokens); None: 4096 or the model's limit
-    quant: str = "fp32"  # target weights: fp32 | fp16 | int8 | int4 (weight-only, blockwise) | int8-dynamic
-    drafter_quant: str | None = None  # drafter weights; None: the target's recipe
-    ple_quant: str = "int8"  # the per-layer-embedding table under the int recipes: int8, or int4 only when asked
-    block_size: int = 32  # int8 / int4 block along the input dimension
-    fuse: bool = True  # ONNX: fused ORT kernels (RMSNorm, rotary, attention; ORT >= 1.20), or plain ONNX ops
-    accuracy_level: int = 4  # ONNX MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = unset
-    quality_gate: bool = True  # fail a quantized export whose fidelity figures miss the recipe's gate
-    target_revision: str | None = None  # hub revision, for hub ids
-    drafter_revision: str | None = None
-    reference_tokens: int = 32  # new tokens per reference prompt recorded from transformers
-    check: bool = True  # verify every graph against PyTorch before declaring success
-    prefill_len: int | None = None  # LiteRT: static prefill chunk (prompts padded / chunked); None: 128 or capacity
-    max_draft: int | None = None  # LiteRT: drafts per static verify call; default: DEFAULT_MAX_DRAFT or the drafter's k
-    memory_budget: float | None = None  # GiB the export may use at its peak (preflight.py); None: MemAvailable
-    dtype: str = "auto"  # target weights while exporting: fp32 | bf16 | fp16; auto: fp32 if it fits, else as stored
-    calibration: Path | None = None  # int4's calibration prompts (.jsonl); None: the built-in set (calibration.py)
+    target: str = flag(help="target checkpoint: local folder or hub id (gemma4 or gemma4_text)", positional=True)
+    drafter: str = flag(help="drafter (-assistant) checkpoint: local folder or hub id (required)")
+    out: Path = flag(help="export folder to create, written atomically (required)", type=Path)
+    backend: tuple[str, ...] = flag(("onnx",), f"comma-separated: {', '.join(BACKENDS)} (each backend's graphs are "
+                                               "checked against PyTorch)")
+    force: bool = flag(False, "replace DIR if it exists")
+    max_cache_len: int | None = flag(None, "KV capacity in tokens: prompt + generated (default "
+                                           f"{DEFAULT_MAX_CACHE_LEN}, or the target's max_position_embeddings when "
+                                           "that is smaller)", type=int)
+    quant: str = flag("fp32", "target weights: fp32, fp16, int8 or int4 (weight-only, blockwise; int4 picks its "
+                              "scales on calibration text and keeps the sensitive tensors at 8 bits, int4-rtn is "
+                              "plain round-to-nearest), or int8-dynamic (per-channel int8 weights, int8 activations "
+                              "at run time); quantized graphs are measured against the float model and gated (see "
+                              "quant_fidelity.json)", choices=QUANT_RECIPES)
+    drafter_quant: str | None = flag(None, "drafter weights (default: --quant)", choices=QUANT_RECIPES)
+    ple_quant: str = flag("int8", "per-layer-embedding table under --quant int8/int4/int8-dynamic: int8, or int4 "
+                                  "(half the bytes of the largest table; quant_fidelity.json shows what it costs)",
+                          choices=PLE_RECIPES)
+    block_size: int = flag(32, "int8/int4 block along the input dimension", type=int, choices=BLOCK_SIZES)
+    fuse: bool = flag(True, "ONNX graphs of standard ops only, for runtimes older than ONNX Runtime 1.20 (slower per "
+                            "decode call: docs/performance.md, section 0)")
+    accuracy_level: int = flag(4, "ONNX MatMulNBits accuracy level: 4 = int8 activations, fastest on CPU; 0 = unset",
+                               type=int, choices=range(5), metavar="0-4")
+    quality_gate: bool = flag(True, "warn instead of failing when a quantized graph misses its recipe's fidelity gate")
+    target_revision: str | None = flag(None, "hub revision of the target")
+    drafter_revision: str | None = flag(None, "hub revision of the drafter")
+    reference_tokens: int = flag(32, "new tokens per reference prompt recorded from transformers", type=int)
+    check: bool = flag(True, "skip the graph-vs-PyTorch check")
+    prefill_len: int | None = flag(None, "LiteRT static prefill chunk length (default "
+                                         f"{DEFAULT_PREFILL_LEN}, or the KV capacity when that is smaller)", type=int)
+    max_draft: int | None = flag(None, "LiteRT drafts per verify call, verify length = this + 1 (default: the "
+                                       f"drafter's num_assistant_tokens, at most {DEFAULT_MAX_DRAFT}: XNNPACK "
+                                       "multiplies 4 rows per pass on ARM64 and AVX2, so a 5th token costs a second "
+                                       "pass over the weights; on AVX-512, 8 rows per pass, 8 tokens still cost 1.65x "
+                                       "4 at e2b-wide widths)",
+                                 type=int)
+    memory_budget: float | None = flag(None, "memory (GiB) the export may use at its peak; an export estimated to "
+                                             "need more anonymous memory (mapped checkpoint and graph pages can be "
+                                             "paged out, so they do not count) is refused before loading weights "
+                                             "(default: MemAvailable)", type=float, metavar="GB")
+    dtype: str = flag("auto", "what the exporter holds the target's weights in while it works: auto (fp32 when the "
+                              "memory preflight says it fits, since PyTorch's phases run fastest on it, else the "
+                              "checkpoint's own dtype, bf16 for the hub's Gemma 4), fp32, bf16 or fp16. The graphs "
+                              "are the same either way (weights are upcast exactly as they are written); bf16 halves "
+                              "the memory an fp32 copy would take", choices=DTYPES)
+    calibration: Path | None = flag(None, 'int4 calibration prompts, one {"text": ...} or {"ids": [...]} per line '
+                                          "(default: a built-in set; it must not contain the export's reference "
+                                          "prompts, which fidelity is measured on)", type=Path,
+                                    metavar="FILE.jsonl")
 
     def __post_init__(self):
         object.__setattr__(self, "out", Path(self.out))

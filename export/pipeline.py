@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpkit import __version__
+from mtpkit.version import __version__
 from mtpkit.runtime.backends.litert import without_weight_packing
 from mtpkit.runtime.backends.onnx import without_prepacking
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mtpkit import __version__
+from mtpkit.version import __version__
 from mtpkit.errors import UsageError
 
 log = logging.getLogger("mtpkit")

@@ -5,8 +5,7 @@ stream, chat and stream_chat. Importing mtpkit loads neither the runtime nor tor
 (`mtpkit.export` is the export subpackage, so the function has its own name.)
 """
 
-__version__ = "0.1.0"
-
-from .api import Generation, Model, export_pair, load  # noqa: E402
+from .api import Generation, Model, export_pair, load
+from .version import __version__
 
 __all__ = ["Generation", "Model", "__version__", "export_pair", "load"]

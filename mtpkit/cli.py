@@ -14,7 +14,7 @@ import sys
 import threading
 import traceback
 
-from . import __version__
+from .version import __version__
 from .errors import CommandError, MtpkitError  # noqa: F401  (CommandError: subcommands' one-line failures)
 from .extras import require
 

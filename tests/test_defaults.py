@@ -144,3 +144,26 @@ def test_the_default_int4_export_passes_on_a_word_level_tokenizer_and_says_it_co
     compensated = {n for n, e in labels.items() if e.endswith("/gptq")}
     assert compensated and all(("gate_proj" in n or "up_proj" in n) for n in compensated)
     assert f"int4 error compensation (GPTQ) on for {len(compensated)} weights" in caplog.text
+
+
+def test_export_flags_are_exportconfigs_fields_with_the_same_defaults():
+    """`mtpkit export`'s flags are generated from ExportConfig: one flag per field, and with only the required
+    arguments given, the parsed flags build the same config as ExportConfig's own defaults; a default shown in
+    --help is the field's."""
+    import argparse
+    import dataclasses
+
+    from mtpkit.export import commands
+
+    parser = argparse.ArgumentParser()
+    commands.add_arguments(parser, "export")
+    dests = {a.dest for a in parser._actions} - {"help", "verify"}
+    assert dests == {f.name for f in dataclasses.fields(ExportConfig)}
+    args = parser.parse_args(["T", "--drafter", "D", "--out", "O"])
+    given = ExportConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ExportConfig)})
+    assert given == ExportConfig(target="T", drafter="D", out="O")
+    for action in parser._actions:
+        field = next((f for f in dataclasses.fields(ExportConfig) if f.name == action.dest), None)
+        if field is not None and field.default not in (dataclasses.MISSING, None) and not isinstance(field.default, bool):
+            shown = ",".join(field.default) if isinstance(field.default, tuple) else field.default
+            assert action.help.endswith(f"(default {shown})"), action.help
