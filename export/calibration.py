@@ -19,6 +19,7 @@ import numpy as np
 from mtpkit.errors import UsageError
 
 from .int4 import weight_key
+from .recipes import Recipe
 
 log = logging.getLogger("mtpkit")
 
@@ -141,7 +142,7 @@ def _textless_ids(tok) -> set[int]:
     return ids
 
 
-def plans(recipes: dict[str, str], target, adapters: dict, encode, bos_id: int, path: Path | None = None,
+def plans(recipes: dict[str, Recipe], target, adapters: dict, encode, bos_id: int, path: Path | None = None,
           ple_bits: int = 8) -> dict:
     """export/int4.Int4Plan per side ("target", "drafter") whose recipe is an int4 one. recipes and adapters: side
     -> recipe / export/models module. int4 on the target runs the calibration prompts (path, checked by check_file
@@ -151,9 +152,9 @@ def plans(recipes: dict[str, str], target, adapters: dict, encode, bos_id: int, 
 
     out, importance_of, record = {}, None, None
     for side, recipe in recipes.items():
-        if recipe not in int4.INT4_RECIPES:
+        if not recipe.int4:
             continue
-        if side == "target" and recipe == "int4":
+        if side == "target" and recipe.calibrated:
             prompts, record = load(path, encode, bos_id)
             log.info("  calibrating int4 scales on %d windows (%d tokens, %s)", record["prompts"], record["tokens"],
                      record["source"])

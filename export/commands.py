@@ -45,6 +45,8 @@ def add_flag(p: argparse.ArgumentParser, f: dataclasses.Field) -> None:
     for a boolean that defaults to on, --name for one that defaults to off; a positional for `positional`."""
     meta = dict(f.metadata)
     help_text, positional = meta.pop("help"), meta.pop("positional", False)
+    if callable(meta.get("choices")):  # read when the parser is built: a recipe registered since is listed
+        meta["choices"] = meta["choices"]()
     default = None if f.default is dataclasses.MISSING else f.default
     if positional:
         p.add_argument(f.name, nargs="?", help=help_text, **meta)

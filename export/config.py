@@ -13,14 +13,11 @@ from mtpkit.extras import require
 
 from mtpkit.runtime.roles import BACKENDS
 
+from . import recipes
+from .recipes import PLE_RECIPES, Recipe
+
 log = logging.getLogger("mtpkit")
 
-# "none" is accepted as an alias of fp32. int8-dynamic: per-channel int8 weights, activations quantized at
-# run time (ONNX Runtime's quantize_dynamic; on LiteRT the same graphs as int8, which is dynamic-range already)
-# int4: searched scales with calibration, sensitive tensors at 8 bits; int4-rtn: round-to-nearest (export/int4.py)
-QUANT_RECIPES = ("fp32", "fp16", "int8", "int4", "int4-rtn", "int8-dynamic")
-PLE_BITS = {"int8": 8, "int4": 4}  # the PLE table under int8 / int4 (a 4-bit PLE broke other toolchains)
-PLE_RECIPES = tuple(PLE_BITS)
 BLOCK_SIZES = (32, 64, 128)
 DTYPES = ("auto", "fp32", "bf16", "fp16")  # what the exporter holds the target's weights in (models/gemma4_text.py)
 MIN_CACHE_LEN = 16
@@ -53,8 +50,8 @@ class ExportConfig:
                               "scales on calibration text and keeps the sensitive tensors at 8 bits, int4-rtn is "
                               "plain round-to-nearest), or int8-dynamic (per-channel int8 weights, int8 activations "
                               "at run time); quantized graphs are measured against the float model and gated (see "
-                              "quant_fidelity.json)", choices=QUANT_RECIPES)
-    drafter_quant: str | None = flag(None, "drafter weights (default: --quant)", choices=QUANT_RECIPES)
+                              "quant_fidelity.json)", choices=recipes.names)
+    drafter_quant: str | None = flag(None, "drafter weights (default: --quant)", choices=recipes.names)
     ple_quant: str = flag("int8", "per-layer-embedding table under --quant int8/int4/int8-dynamic: int8, or int4 "
                                   "(half the bytes of the largest table; quant_fidelity.json shows what it costs)",
                           choices=PLE_RECIPES)
@@ -132,7 +129,17 @@ class ExportConfig:
     @property
     def ple_bits(self) -> int:
         """Bits per value of the per-layer-embedding table under the int recipes."""
-        return PLE_BITS[self.ple_quant]
+        return recipes.ple_bits(self.ple_quant)
+
+    @property
+    def recipes(self) -> dict[str, Recipe]:
+        """The Recipe of each side: "target" (--quant) and "drafter" (--drafter-quant)."""
+        return {"target": recipes.recipe(self.quant), "drafter": recipes.recipe(self.drafter_quant or self.quant)}
+
+    @property
+    def quantized(self) -> bool:
+        """Some graphs are rewritten by a recipe (not every side fp32)."""
+        return any(r.quantized for r in self.recipes.values())
 
     def fitted(self, max_positions: int, drafter_k: int) -> ExportConfig:
         """The config with every shape default resolved against the model: a default that does not fit adapts
@@ -155,12 +162,13 @@ class ExportConfig:
         return replace(self, max_cache_len=cache, prefill_len=prefill, max_draft=max_draft)
 
     def _check_quant(self, backends) -> None:
-        object.__setattr__(self, "quant", "fp32" if self.quant == "none" else self.quant)
-        object.__setattr__(self, "drafter_quant", self.drafter_quant or self.quant)
+        object.__setattr__(self, "quant", recipes.ALIASES.get(self.quant, self.quant))
+        object.__setattr__(self, "drafter_quant", recipes.ALIASES.get(self.drafter_quant, self.drafter_quant)
+                           or self.quant)
         for flag, recipe in (("--quant", self.quant), ("--drafter-quant", self.drafter_quant)):
-            if recipe not in QUANT_RECIPES:
-                raise UsageError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, QUANT_RECIPES)}; "
-                                 f"choose from {', '.join(QUANT_RECIPES)}")
+            if recipe not in recipes.RECIPES:
+                raise UsageError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, recipes.names())}; "
+                                 f"choose from {', '.join(recipes.names())}")
         if self.ple_quant not in PLE_RECIPES:
             raise UsageError(f"unknown --ple-quant recipe {self.ple_quant!r}{_did_you_mean(self.ple_quant, PLE_RECIPES)}"
                              f"; choose from {', '.join(PLE_RECIPES)}")
@@ -170,9 +178,11 @@ class ExportConfig:
             raise UsageError(f"--accuracy-level must be 0-4, got {self.accuracy_level}")
         if self.calibration is not None:
             object.__setattr__(self, "calibration", Path(self.calibration))
-            if self.quant != "int4":  # only the target is calibrated: the drafter's int4 uses no activations
-                raise UsageError("--calibration is read by --quant int4 only (it calibrates the target; the other "
-                                 "recipes use no activations); drop it or pass --quant int4")
+            calibrated = [r.name for r in recipes.RECIPES.values() if r.calibrated]
+            if not self.recipes["target"].calibrated:  # only the target is calibrated, never the drafter
+                raise UsageError(f"--calibration is read by --quant {' / '.join(calibrated)} only (it calibrates the "
+                                 f"target; the other recipes use no activations); drop it or pass --quant "
+                                 f"{calibrated[0]}")
             if not self.calibration.is_file():
                 raise UsageError(f"--calibration {self.calibration}: no such file; give a .jsonl of "
                                  '{"text": ...} or {"ids": [...]} lines')

@@ -17,17 +17,15 @@ import numpy as np
 import torch
 
 from mtpkit.errors import MtpkitError
+from mtpkit.runtime.backends import LoadOptions
+from mtpkit.runtime.manifest import Manifest
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 
 from .mapped import CHECKPOINT, page_out
+from .recipes import recipe
 
 log = logging.getLogger("mtpkit")
 
-# Minimum teacher-forced top-1 agreement of the target with float PyTorch, per recipe (the gate's default).
-GATES = {"fp16": 0.99, "int8": 0.95, "int4": 0.85, "int4-rtn": 0.85, "int8-dynamic": 0.95}
-# The next more faithful recipe, named in a gate failure. int8-dynamic -> int8: MatMulNBits' 32-wide blocks are finer
-# than one activation scale per call (trained tiny pair: top-1 1.000 against 0.984, docs/scale-bench.md)
-WIDER = {"int4": "int8", "int4-rtn": "int4", "int8": "fp16", "fp16": "fp32", "int8-dynamic": "int8"}
 FIDELITY_FILE = "quant_fidelity.json"
 
 
@@ -35,13 +33,13 @@ class QualityGateError(MtpkitError, ValueError):
     """A quantized export missed its recipe's gate; the message names the recipe and the figure."""
 
 
-def teacher_forced(folder: Path, target, reference: dict, backend: str | None = None) -> dict:
+def teacher_forced(export: Path | Manifest, target, reference: dict, backend: str | None = None) -> dict:
     """A backend's quantized target graphs vs float PyTorch: each reference prompt is prefilled through the mtpkit
     runtime, then float greedy's continuation is fed one decode call per token (the same graphs users run,
     static LiteRT prefill lengths included); every continuation position's logits are compared."""
     from mtpkit.runtime.engine import Engine
 
-    engine = Engine(folder, threads=1, backend=backend)
+    engine = Engine(export, threads=1, backend=backend)
     agree, kls, max_abs, positions = [], [], 0.0, 0
     for p in reference["prompts"]:
         prompt, cont = p["prompt_ids"], p["greedy_ids"][:-1]
@@ -69,15 +67,16 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     return (np.exp(log_p) * (log_p - log_q)).sum(-1)
 
 
-def runtime_figures(folder: Path, reference: dict, num_assistant_tokens: int = DEFAULT_NUM_ASSISTANT_TOKENS,
-                    backend: str | None = None) -> dict:
+def runtime_figures(export: Path | Manifest, reference: dict,
+                    num_assistant_tokens: int = DEFAULT_NUM_ASSISTANT_TOKENS, backend: str | None = None,
+                    options: LoadOptions = LoadOptions()) -> dict:
     """The mtpkit runtime on an export: greedy prefix match with transformers' float greedy, drafter acceptance
     and tokens per target call (speculative greedy, constant k = num_assistant_tokens capped by a static verify length,
     clean hand-off; recorded as `schedule` and `num_assistant_tokens`, whatever schedule the drafter's config names)."""
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.bench import run_once
 
-    engine = Engine(folder, threads=1, backend=backend)
+    engine = Engine(export, threads=1, backend=backend, options=options)
     num_assistant_tokens = fit_draft(num_assistant_tokens, engine.max_draft)
     prefix, diverged, drafted, accepted, new, calls = [], {}, 0, 0, 0, 0
     for p in reference["prompts"]:
@@ -106,10 +105,10 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
     for kind in manifest.backends:
         graphs = manifest.backend(kind).graphs
         figures = {"target_recipe": graphs["target"].recipe, "drafter_recipe": graphs["drafter"].recipe,
-                   "teacher_forced": teacher_forced(manifest.root, target, reference, kind),
-                   "runtime": runtime_figures(manifest.root, reference, backend=kind),
+                   "teacher_forced": teacher_forced(manifest, target, reference, kind),
+                   "runtime": runtime_figures(manifest, reference, backend=kind),
                    "float_runtime": float_figures[kind],
-                   "gate": {"top1_agreement_min": GATES.get(graphs["target"].recipe), "enforced": gate},
+                   "gate": {"top1_agreement_min": recipe(graphs["target"].recipe).gate, "enforced": gate},
                    # int4: the text its scales were calibrated on, which the reference prompts above are not
                    "calibration": ((manifest.backend(kind).options.get("quantization") or {}).get("target")
                                    or {}).get("calibration")}
@@ -126,13 +125,12 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
 
 
 def _gate_failure(kind: str, figures: dict) -> list[str]:
-    recipe, tf = figures["target_recipe"], figures["teacher_forced"]
-    threshold = GATES.get(recipe)
-    if threshold is None or tf["top1_agreement"] >= threshold:
+    target, tf = recipe(figures["target_recipe"]), figures["teacher_forced"]
+    if target.gate is None or tf["top1_agreement"] >= target.gate:
         return []
-    return [f"{kind} {recipe} target: teacher-forced top-1 agreement with the float model is "
-            f"{tf['top1_agreement']:.3f}, below the {recipe} gate {threshold} ({tf['positions']} positions); "
-            f"use a wider recipe (--quant {WIDER[recipe]}) or pass --no-quality-gate to export anyway"]
+    return [f"{kind} {target.name} target: teacher-forced top-1 agreement with the float model is "
+            f"{tf['top1_agreement']:.3f}, below the {target.name} gate {target.gate} ({tf['positions']} positions); "
+            f"use a wider recipe (--quant {target.wider}) or pass --no-quality-gate to export anyway"]
 
 
 def _log(kind: str, figures: dict) -> None:

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-INT4_RECIPES = ("int4", "int4-rtn")
+from .recipes import Recipe
+
 # candidates for (block absmax / scale): 7 is round-to-nearest of the absmax; above 7 the largest values clip to
 # +7 / -8 for a finer step on the rest (the negative extreme is exact at 8)
 SCALE_GRID = np.linspace(6.5, 8.5, 17, dtype=np.float32)
@@ -148,7 +149,7 @@ class Int4Plan:
     -> mean square input activation per channel from calibration, or the full mean x x^T for a weight whose
     rounding errors are compensated (empty: unweighted scales)."""
 
-    recipe: str
+    recipe: Recipe
     keep_8bit: tuple[str, ...] = ()
     importance: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     calibration: Mapping = dataclasses.field(default_factory=dict, compare=False)  # what importance came from
@@ -156,7 +157,7 @@ class Int4Plan:
     @property
     def searched(self) -> bool:
         """Scales searched per block (int4), or the absmax rule (int4-rtn)."""
-        return self.recipe == "int4"
+        return self.recipe.search_scales
 
     def bits(self, name: str) -> int:
         return 8 if any(k in name for k in self.keep_8bit) else 4
@@ -172,16 +173,18 @@ def label(bits: int, block: int, importance: np.ndarray | None = None) -> str:
     return f"int{bits}/b{block}" + ("/gptq" if bits == 4 and np.ndim(importance) == 2 else "")
 
 
-def require_plan(recipe: str, plan: Int4Plan | None, side: str) -> None:
-    """int4's scales and 8-bit choices come from a plan (export/calibration.plans); a backend refuses to guess."""
-    if recipe == "int4" and plan is None:
-        raise ValueError(f"--quant int4 needs a plan for the {side} (export/calibration.plans)")
+def require_plan(recipe: Recipe, plan: Int4Plan | None, side: str) -> None:
+    """A searched recipe's scales and 8-bit choices come from a plan (export/calibration.plans); a backend refuses
+    to guess."""
+    if recipe.search_scales and plan is None:
+        raise ValueError(f"--quant {recipe.name} needs a plan for the {side} (export/calibration.plans)")
 
 
-def plan(recipe: str, keep_8bit: tuple[str, ...], importance: Mapping[str, np.ndarray] | None = None,
+def plan(recipe: Recipe, keep_8bit: tuple[str, ...], importance: Mapping[str, np.ndarray] | None = None,
          calibration: Mapping | None = None) -> Int4Plan:
-    if recipe not in INT4_RECIPES:
-        raise ValueError(f"{recipe!r} is not an int4 recipe ({', '.join(INT4_RECIPES)})")
-    if recipe == "int4-rtn":
+    """The recipe's plan; round-to-nearest (no scale search) keeps no weight at 8 bits and uses no activations."""
+    if not recipe.int4:
+        raise ValueError(f"{recipe.name!r} is not an int4 recipe")
+    if not recipe.search_scales:
         return Int4Plan(recipe)
     return Int4Plan(recipe, tuple(keep_8bit), dict(importance or {}), dict(calibration or {}))

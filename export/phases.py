@@ -113,14 +113,18 @@ def peak_rss(cap: int | None = None):
 
 @dataclass
 class PhaseLog:
-    """The export's phases in order: name, wall seconds, peak RSS (MB)."""
+    """The export's phases in order: name, wall seconds, peak RSS (MB); numbered [i/total] by one counter."""
 
+    total: int = 0  # phases the export will run
     phases: list[dict] = field(default_factory=list)
     resident_cap: int | None = None  # bytes: mapped pages are handed back above it (peak_rss)
 
     @contextlib.contextmanager
-    def phase(self, step: str, name: str):
-        """Measure one phase; logs `[step] name: 12.3 s, peak RSS 1.4 GB` when it ends (nothing when it fails)."""
+    def phase(self, name: str, doing: str):
+        """Measure the next phase: logs `[i/total] doing` as it starts and `  [i/total] name: 12.3 s, peak RSS
+        1.4 GB` when it ends (nothing when it fails)."""
+        step = f"[{len(self.phases) + 1}/{self.total}]"
+        log.info("%s %s", step, doing)
         started = time.perf_counter()
         with peak_rss(self.resident_cap) as peak:
             yield

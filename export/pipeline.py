@@ -1,4 +1,5 @@
-"""export_model(cfg): load -> each backend's export(job) -> manifest -> reference -> graph check -> atomic rename."""
+"""export_model(cfg): load -> each backend's graphs -> reference -> check -> quantize -> acceptance -> manifest.json,
+written once -> atomic rename."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mtpkit.version import __version__
-from mtpkit.runtime.backends.litert import without_weight_packing
-from mtpkit.runtime.backends.onnx import without_prepacking
+from mtpkit.runtime.backends import LoadOptions
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 
@@ -46,20 +46,20 @@ def export_model(cfg: ExportConfig) -> Path:
     record = reproduce.record(cfg)  # the flags as given: a re-run adapts the same defaults the same way
     target_src, drafter_src = resolve(cfg.target, "target", cfg.target_revision), resolve(
         cfg.drafter, "drafter", cfg.drafter_revision)
-    tad, dad = target_adapter(target_src), drafter_adapter(drafter_src)
-    dad.check_compatible(tad.hf_config(target_src), dad.hf_config(drafter_src))  # before loading any weights
-    cfg = cfg.fitted(tad.hf_config(target_src).max_position_embeddings, _drafter_k(drafter_src))
+    adapters = target_adapter(target_src), drafter_adapter(drafter_src)
+    target_config = adapters[0].hf_config(target_src)
+    adapters[1].check_compatible(target_config, adapters[1].hf_config(drafter_src))  # before loading any weights
+    cfg = cfg.fitted(target_config.max_position_embeddings, _drafter_k(drafter_src))
     _check_tokenizer(target_src)
     if cfg.calibration is not None:  # before any weights load, not at the quantize step
-        calibration.check_file(cfg.calibration, target_src.folder / "tokenizer.json",
-                               tad.hf_config(target_src).sliding_window)
+        calibration.check_file(cfg.calibration, target_src.folder / "tokenizer.json", target_config.sliding_window)
     _check_files(target_src, drafter_src)
     estimate = preflight.check(cfg, target_src, drafter_src)  # before any weights load or --out is touched
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     lock, tmp = outdir.claim(cfg.out, cfg.force), None  # one writer per folder; removes a killed run's leftovers
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{cfg.out.name}.partial-", dir=cfg.out.parent))
-        phases = _export_into(cfg, tmp, (target_src, drafter_src), (tad, dad), estimate, record)
+        phases = _export_into(cfg, tmp, (target_src, drafter_src), adapters, estimate, record)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -74,83 +74,100 @@ def export_model(cfg: ExportConfig) -> Path:
 
 
 def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate, record: dict) -> PhaseLog:
-    """The five steps into the temporary folder tmp, then the rename to cfg.out; each phase is timed and its peak
-    RSS logged (export/phases.py) and recorded in manifest.json's `measured` entry (all but the final write), beside
-    `export`, the record of how to re-run it (export/reproduce.py)."""
-    (target_src, drafter_src), (tad, dad), phases = sources, adapters, PhaseLog(resident_cap=estimate.resident_cap)
+    """The stages into the temporary folder tmp, each taking and returning the manifest (a frozen record, kept in
+    memory): load, each backend's graphs, the transformers reference, the check against PyTorch, quantization and
+    fidelity, the drafter's acceptance; then manifest.json is written, once, with `export` (how to re-run it,
+    export/reproduce.py) and `measured` (each phase's time and peak RSS, export/phases.py), and tmp is renamed to
+    cfg.out."""
+    (target_src, drafter_src), (target_adapter, drafter_adapter) = sources, adapters
+    quantized = cfg.quantized
+    phases = PhaseLog(total=3 + len(cfg.backend) + cfg.check + quantized + 1, resident_cap=estimate.resident_cap)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    log.info("[1/5] loading target %s and drafter %s", cfg.target, cfg.drafter)
-    with phases.phase("[1/5]", "load"):
-        job = _job(cfg, tmp, tad.load(target_src, estimate.dtype), dad.load(drafter_src), tad, dad, target_src, drafter_src)
+    with phases.phase("load", f"loading target {cfg.target} and drafter {cfg.drafter}"):
+        job = _job(cfg, tmp, target_adapter.load(target_src, estimate.dtype), drafter_adapter.load(drafter_src),
+                   adapters, sources)
     log.info("  target weights held in %s", str(next(job.target.parameters()).dtype).removeprefix("torch."))
-    with tad.fp32_compute(job.target):  # PyTorch computes in fp32 whatever the weights are held in (--dtype)
-        manifest = _graphs_checked(cfg, job, phases, sources)
-    float_final = cfg.quant == "fp32"  # float graphs kept: no packed copy of them for this one-off run either
-    with phases.phase("[4/5]", "acceptance"), without_prepacking(enabled=float_final), \
-            without_weight_packing(enabled=float_final):
-        manifest = _record_acceptance(manifest, tmp)
-    log.info("[5/5] writing %s", cfg.out)
-    with phases.phase("[5/5]", "write"):
+    with target_adapter.fp32_compute(job.target):  # PyTorch computes in fp32 whatever the weights are held in
+        manifest = _graphs(job, phases, sources)
+        manifest = _reference(manifest, job, phases)
+        if cfg.check:
+            _check(manifest, job, phases)
+        if quantized:
+            manifest = _quantize(manifest, job, phases)
+    with phases.phase("acceptance", "measuring the drafter's acceptance on the final graphs"):
+        # float graphs kept: no packed copy of them for this one-off run either
+        manifest = _record_acceptance(manifest, LoadOptions(pack_weights=quantized))
+    with phases.phase("write", f"writing {cfg.out}"):
         measured = {"started": started, **phases.as_dict(), "preflight": estimate.as_dict()}
         dataclasses.replace(manifest, export=record, measured=measured).save(tmp)
         _replace(tmp, cfg.out)
     return phases
 
 
-def _graphs_checked(cfg: ExportConfig, job: ExportJob, phases: PhaseLog, sources: tuple) -> Manifest:
-    """Steps 2-4: every backend's graphs, the transformers reference, the check against PyTorch, quantization."""
-    target_src, drafter_src = sources
+def _graphs(job: ExportJob, phases: PhaseLog, sources: tuple) -> Manifest:
+    """Every backend's float graphs (onnx first: the others are checked against it), the HF files beside them, and
+    the manifest that describes them."""
     backends = {}
-    for kind in cfg.backend:  # onnx first: the other backends are checked against it
-        log.info("[2/5] exporting %s graphs", kind)
-        with phases.phase("[2/5]", f"{kind} graphs"):
+    for kind in job.cfg.backend:
+        with phases.phase(f"{kind} graphs", f"exporting {kind} graphs"):
             backends[kind] = _backend_module(kind).export(job)
-    hf_files, tokenizer = _copy_hf_files(target_src.folder, job.folder)
-    manifest = _manifest(job, target_src, drafter_src, backends, tokenizer, hf_files)
-    log.info("[3/5] recording the transformers reference (greedy, and assisted with k in %s)", _draft_lengths(cfg))
-    with phases.phase("[3/5]", "reference"):
-        manifest = dataclasses.replace(manifest, reference=_write_reference(job, manifest))
-    manifest.save(job.folder)
-    if cfg.check:
-        log.info("[4/5] checking every graph against PyTorch")
-        with phases.phase("[4/5]", "check"), without_prepacking(), without_weight_packing():  # one-off float
-            # sessions and interpreters: no packed copy of the weights
-            _check_graphs(manifest, job, job.folder)
-    if {cfg.quant, cfg.drafter_quant} != {"fp32"}:
-        log.info("[4/5] quantizing (target %s, drafter %s) and measuring fidelity against the float model",
-                 cfg.quant, cfg.drafter_quant)
-        with phases.phase("[4/5]", "quantize"):
-            manifest = _quantize(manifest, job)
-    return manifest
+    hf_files, tokenizer = _copy_hf_files(sources[0].folder, job.folder)
+    return _manifest(job, *sources, backends, tokenizer, hf_files)
 
 
-def _job(cfg, tmp, target, drafter, tad, dad, target_src, drafter_src) -> ExportJob:
-    return ExportJob(cfg=cfg, folder=tmp, target=target, drafter=drafter, target_adapter=tad, drafter_adapter=dad,
-                     target_folder=target_src.folder, kv_layers=tad.kv_layers(target.config),
-                     store=tad.store_layers(target.config), max_draft=cfg.max_draft)
+def _reference(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> Manifest:
+    with phases.phase("reference", "recording the transformers reference (greedy, and assisted with k in "
+                                   f"{_draft_lengths(job.cfg)})"):
+        return dataclasses.replace(manifest, reference=_write_reference(job, manifest))
 
 
-def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
+def _check(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> None:
+    """Every backend's float graphs against PyTorch, each by its own export module's check(manifest, job, ids)."""
+    with phases.phase("check", "checking every graph against PyTorch"):
+        ids = manifest_prompt(manifest, job.folder)
+        checks = [c for kind in manifest.backends for c in _backend_module(kind).check(manifest, job, ids)]
+        (job.folder / "graph_parity.json").write_text(json.dumps([c.__dict__ | {"ok": c.ok} for c in checks],
+                                                                 indent=2))
+        for c in checks:
+            ties = f" ({c.near_ties} near-ties)" if c.near_ties else ""
+            noise = (f"  PyTorch vs itself {c.reference_noise:.1e}"
+                     if c.reference_noise > verify.ATOL / verify.NOISE_FACTOR else "")
+            log.info("  %-6s %-24s max|d| %.2e (tol %.1e)  argmax %.0f%%%s  %s%s", c.backend, c.signature, c.max_abs,
+                     c.tolerance, 100 * c.argmax_agree, ties, "ok" if c.ok else "FAIL", noise)
+        verify.raise_on_failure(checks)
+
+
+def _job(cfg: ExportConfig, tmp: Path, target, drafter, adapters: tuple, sources: tuple) -> ExportJob:
+    target_adapter, drafter_adapter = adapters
+    return ExportJob(cfg=cfg, folder=tmp, target=target, drafter=drafter, target_adapter=target_adapter,
+                     drafter_adapter=drafter_adapter, target_folder=sources[0].folder,
+                     kv_layers=target_adapter.kv_layers(target.config), store=target_adapter.store_layers(target.config),
+                     max_draft=cfg.max_draft)
+
+
+def _quantize(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> Manifest:
     """Quantize each backend's float graphs (checked above) in place, then measure and gate the result."""
-    reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
-    with without_prepacking(), without_weight_packing():  # one-off float runs: no packed copy of the weights
-        float_figures = {kind: fidelity.runtime_figures(job.folder, reference, backend=kind) for kind in manifest.backends}
-    page_out(*GRAPHS)  # the float graphs' pages: rewritten next, not read again
     cfg = job.cfg
-    recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
-    plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
-                              _encoder(job.folder), manifest.tokens["bos"], cfg.calibration, cfg.ple_bits)
-    page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
-    backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level,
-                                                     ple_bits=cfg.ple_bits, plans=plans)
-                for kind, backend in manifest.backends.items()}
-    manifest = dataclasses.replace(manifest, backends=backends)
-    manifest.save(job.folder)
-    fidelity.check(manifest, job.target, float_figures, job.cfg.quality_gate)
+    with phases.phase("quantize", f"quantizing (target {cfg.quant}, drafter {cfg.drafter_quant}) and measuring "
+                                  "fidelity against the float model"):
+        reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
+        unpacked = LoadOptions(pack_weights=False)  # one-off float runs: no packed copy of the weights
+        float_figures = {kind: fidelity.runtime_figures(manifest, reference, backend=kind, options=unpacked)
+                         for kind in manifest.backends}
+        page_out(*GRAPHS)  # the float graphs' pages: rewritten next, not read again
+        recipes = cfg.recipes
+        plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
+                                  _encoder(job.folder), manifest.tokens["bos"], cfg.calibration, cfg.ple_bits)
+        page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
+        backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size,
+                                                         cfg.accuracy_level, ple_bits=cfg.ple_bits, plans=plans)
+                    for kind, backend in manifest.backends.items()}
+        manifest = dataclasses.replace(manifest, backends=backends)
+        fidelity.check(manifest, job.target, float_figures, cfg.quality_gate)
     return manifest
 
 
-def _record_acceptance(manifest: Manifest, folder: Path, max_k: int = 8) -> Manifest:
+def _record_acceptance(manifest: Manifest, options: LoadOptions, max_k: int = 8) -> Manifest:
     """Each backend's acceptance of draft i given drafts 1..i-1 were accepted, on its exported (final) graphs:
     the runtime, greedy, clean hand-off, constant k = max_k (or the backend's static verify length) on the
     reference prompts that fit the KV capacity, recorded as `backends.<kind>.options.acceptance_by_position`. The
@@ -158,23 +175,21 @@ def _record_acceptance(manifest: Manifest, folder: Path, max_k: int = 8) -> Mani
     recorded when no prompt fits (auto then starts from its built-in prior)."""
     backends = dict(manifest.backends)
     for kind in manifest.backends:
-        acceptance = _acceptance(manifest, folder, kind, max_k)
+        acceptance = _acceptance(manifest, kind, max_k, options)
         if acceptance:
             log.info("  %s drafter acceptance by position (greedy, k=%d, reference prompts): %s", kind,
                      len(acceptance), " ".join(f"{a:.2f}" for a in acceptance))
-            options = {**backends[kind].options, "acceptance_by_position": acceptance}
-            backends[kind] = dataclasses.replace(backends[kind], options=options)
-    manifest = dataclasses.replace(manifest, backends=backends)
-    manifest.save(folder)
-    return manifest
+            options_entry = {**backends[kind].options, "acceptance_by_position": acceptance}
+            backends[kind] = dataclasses.replace(backends[kind], options=options_entry)
+    return dataclasses.replace(manifest, backends=backends)
 
 
-def _acceptance(manifest: Manifest, folder: Path, kind: str, max_k: int) -> list[float]:
+def _acceptance(manifest: Manifest, kind: str, max_k: int, options: LoadOptions) -> list[float]:
     from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import conditional_acceptance
 
-    engine = Engine(folder, threads=1, backend=kind)
+    engine = Engine(manifest, threads=1, backend=kind, options=options)
     k = fit_draft(max_k, engine.max_draft)
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
     runs = []
@@ -187,19 +202,6 @@ def _acceptance(manifest: Manifest, folder: Path, kind: str, max_k: int) -> list
 
 def _backend_module(kind: str):
     return importlib.import_module(f"{backends_pkg.__name__}.{kind}")
-
-
-def _check_graphs(manifest: Manifest, job: ExportJob, root: Path) -> None:
-    """Every backend's graphs against PyTorch, each by its own export module's check(manifest, job, ids)."""
-    ids = manifest_prompt(manifest, root)
-    checks = [c for kind in manifest.backends for c in _backend_module(kind).check(manifest, job, ids)]
-    (root / "graph_parity.json").write_text(json.dumps([c.__dict__ | {"ok": c.ok} for c in checks], indent=2))
-    for c in checks:
-        ties = f" ({c.near_ties} near-ties)" if c.near_ties else ""
-        noise = f"  PyTorch vs itself {c.reference_noise:.1e}" if c.reference_noise > verify.ATOL / verify.NOISE_FACTOR else ""
-        log.info("  %-6s %-24s max|d| %.2e (tol %.1e)  argmax %.0f%%%s  %s%s", c.backend, c.signature, c.max_abs,
-                 c.tolerance, 100 * c.argmax_agree, ties, "ok" if c.ok else "FAIL", noise)
-    verify.raise_on_failure(checks)
 
 
 def _replace(tmp: Path, out: Path) -> None:

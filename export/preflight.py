@@ -40,6 +40,7 @@ from .backends import ExportMemory
 from .checkpoint import Source, tensor_headers
 from .models import target_adapter
 from .phases import MB, human_bytes
+from .recipes import RECIPES, Recipe, recipe
 
 log = logging.getLogger("mtpkit")
 
@@ -52,7 +53,7 @@ GROWTH = {
     #               (bf16 file held fp32: 1263 = base + W + the bf16 copy; held as stored: mmapped, read lazily: 397)
     "reference": 0.2,  # transformers generate(); bf16 held: each weight upcast as used (fp32 1119, bf16 993)
     # ONNX Runtime sessions of the fp32 graphs beside the PyTorch model, their weights mapped, not prepacked
-    # (without_prepacking: 1750; 1881 prepacked)
+    # (without prepacking: 1750; 1881 prepacked)
     "check": 1.0,
     # the runtime on the final graphs; runs with --no-check too (fp32: 1871). For quantized graphs: their
     # weights x this, or QUANTIZED_RESIDUE x W if larger (int4: 1352)
@@ -66,9 +67,6 @@ QUANTIZED_RESIDUE = 0.3
 # Uncapped, E4B's float graph check holds the 16 GB float decoder beside the checkpoint's last pages (22.3 GiB,
 # docs/scale-bench.md).
 RESIDENT_SHARE = 0.85
-# Stored bytes per weight; the blockwise recipes add one fp32 scale per block (int8-dynamic: one per output channel)
-BYTES_PER_WEIGHT = {"fp32": 4, "fp16": 2, "int8": 1, "int4": 0.5, "int4-rtn": 0.5, "int8-dynamic": 1}
-BLOCKWISE = ("int8", "int4", "int4-rtn")
 ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                  "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -150,11 +148,11 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     for kind, m in mems.items():
         out[f"{kind} graphs"] = int(max(base, m.base) + held + w.fp32 * m.graphs)
         base = max(base, m.base + m.kept * w.fp32)
-    quantized = {cfg.quant, cfg.drafter_quant} != {"fp32"}
+    quantized = cfg.quantized
     later = [("reference", 0), ("check", 0) if cfg.check else None,
              ("quantize", quantized_bytes(cfg, w) + calibration_bytes(cfg, w)) if quantized else None,
              ("acceptance", 0)]
-    growth = {**GROWTH, "quantize": max(m.quantize({cfg.quant, cfg.drafter_quant}) for m in mems.values())}
+    growth = {**GROWTH, "quantize": max(m.quantize(set(cfg.recipes.values())) for m in mems.values())}
     # ONNX Runtime maps a Gather-only table (the PLE table) instead of copying it: only the rest grows these phases
     # (full-size E2B acceptance: 14.4 GB, not the 40 GiB of W x (1 + 1.25); docs/export-memory.md)
     grows = {name: w.fp32 - (4 * w.ple if name in SESSION_PHASES else 0) for name in growth}
@@ -170,7 +168,7 @@ def anonymous(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     export's one backend measured it for these recipes (ExportMemory.anonymous); else all of phases()."""
     rss = phases(cfg, w, dtype)
     fit = memory(cfg.backend[0]) if len(cfg.backend) == 1 else None
-    if fit is None or fit.anonymous is None or not {cfg.quant, cfg.drafter_quant} <= fit.anonymous_recipes:
+    if fit is None or fit.anonymous is None or not all(map(fit.measured, cfg.recipes.values())):
         return rss
     held = w.held(dtype) if dtype != w.stored else 0  # a converted copy; held as stored it stays mapped
     out = {}
@@ -199,24 +197,26 @@ def held_dtype(cfg, w: Weights, budget: int | None) -> str:
 
 
 def quantized_bytes(cfg, w: Weights) -> int:
-    """Bytes of the weights under the recipe, the PLE table at --ple-quant under int8 / int4."""
-    ple = cfg.ple_quant if cfg.quant.startswith("int") else cfg.quant
+    """Bytes of the weights under the recipe, the PLE table at --ple-quant under the int recipes."""
+    target = cfg.recipes["target"]
+    ple = recipe(cfg.ple_quant) if target.bits is not None else target
     return final_bytes(cfg, w) + int(w.ple * _per_weight(cfg, ple))
 
 
 def calibration_bytes(cfg, w: Weights) -> int:
     """int4's calibration moments, alive through the quantize phase (the full-size E2B: 0.6 GiB for gate / up)."""
-    return w.moments if cfg.quant == "int4" else 0
+    return w.moments if cfg.recipes["target"].calibrated else 0
 
 
-def _per_weight(cfg, recipe: str) -> float:
-    """Stored bytes per weight: blockwise int8 / int4 carry one fp32 scale per block."""
-    return BYTES_PER_WEIGHT[recipe] + (4 / cfg.block_size if recipe in BLOCKWISE else 0)
+def _per_weight(cfg, chosen: Recipe) -> float:
+    """Stored bytes per weight: the blockwise recipes carry one fp32 scale per block."""
+    return chosen.bytes_per_weight + (4 / cfg.block_size if chosen.blockwise else 0)
 
 
 def final_bytes(cfg, w: Weights) -> int:
     """Bytes of the final graphs' weights an ONNX Runtime session holds: all but the PLE table, which it maps."""
-    return int((w.target - w.ple) * _per_weight(cfg, cfg.quant) + w.drafter * _per_weight(cfg, cfg.drafter_quant))
+    sides = cfg.recipes
+    return int((w.target - w.ple) * _per_weight(cfg, sides["target"]) + w.drafter * _per_weight(cfg, sides["drafter"]))
 
 
 @dataclass(frozen=True)
@@ -320,9 +320,9 @@ def alternatives(cfg, w: Weights, dtype: str = "fp32") -> list[tuple[tuple[str, 
     options = []
     held = [None, w.stored] if dtype == "fp32" and w.stored in ("bf16", "fp16") else [None]
     for backend in ([None, cfg.backend[:1]] if len(cfg.backend) > 1 else [None]):
-        for recipe in [None, *(r for r in ("fp32", "fp16", "int8", "int4") if r != cfg.quant)]:
+        for other in [None, *(r.name for r in RECIPES.values() if r.offered and r.name != cfg.quant)]:
             for stored in held:
-                changes = {k: v for k, v in (("backend", backend), ("quant", recipe), ("dtype", stored)) if v}
+                changes = {k: v for k, v in (("backend", backend), ("quant", other), ("dtype", stored)) if v}
                 if changes:
                     flags = tuple(_flag(k, v) for k, v in changes.items())
                     peak = max(anonymous(replace(cfg, **changes), w, stored or dtype).values())

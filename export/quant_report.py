@@ -19,7 +19,8 @@ from pathlib import Path
 from mtpkit.errors import UsageError
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
 
-from .config import QUANT_RECIPES
+from . import recipes as recipe_table
+from .recipes import FP32, recipe
 
 EPILOG = """Writes OUT/report.json, OUT/report.md, OUT/size_vs_top1.png and OUT/acceptance.png; with --keep-exports also
 the exports under OUT/exports/ (one float export; every other recipe is derived from it).
@@ -28,7 +29,6 @@ example:
   mtpkit quant-report mtpkit/tiny/assets/tiny_pair/target --drafter mtpkit/tiny/assets/tiny_pair/drafter \\
       --out docs/quant-report
 """
-RECIPES = QUANT_RECIPES
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--drafter", required=True, help="drafter checkpoint: local folder or hub id")
     p.add_argument("--out", required=True, type=Path, help="report folder to create")
     p.add_argument("--backend", default="onnx", help="onnx, litert or onnx,litert: the backend axis (default onnx)")
-    p.add_argument("--recipes", default=",".join(RECIPES), help="target recipes (default: all)")
+    p.add_argument("--recipes", default=",".join(recipe_table.names()), help="target recipes (default: all)")
     p.add_argument("--drafter-recipes", default="fp32,int8,int4", help="drafter recipes (default fp32,int8,int4)")
     p.add_argument("--block-size", type=int, default=32, choices=(32, 64, 128))
     p.add_argument("--max-cache-len", type=int, default=512)
@@ -65,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _recipes(text: str, flag: str) -> list[str]:
     names = [r.strip() for r in text.split(",") if r.strip()]
-    bad = [r for r in names if r not in RECIPES]
+    bad = [r for r in names if r not in recipe_table.RECIPES]
     if bad or not names:
-        raise UsageError(f"{flag}: unknown recipe {bad[0] if bad else text!r}; choose from {', '.join(RECIPES)}")
+        raise UsageError(f"{flag}: unknown recipe {bad[0] if bad else text!r}; choose from "
+                         f"{', '.join(recipe_table.names())}")
     return names
 
 
@@ -86,7 +87,8 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
     float_dir = export_model(ExportConfig(target=target, drafter=drafter, out=exports / "fp32-fp32",
                                           backend=",".join(backends), max_cache_len=max_cache_len))
     # the float pair is always measured: it is the baseline every ratio is taken against
-    pairs = [("fp32", "fp32")] + [p for p in itertools.product(recipes, drafter_recipes) if p != ("fp32", "fp32")]
+    baseline = (FP32.name, FP32.name)
+    pairs = [baseline] + [p for p in itertools.product(recipes, drafter_recipes) if p != baseline]
     folders = {pair: derive_quantized(float_dir, exports, pair, block_size, checkpoints=(target, drafter))
                for pair in tqdm(pairs, desc="quantizing", unit="pair")}
     rows = _measure(folders, float_dir, target, max_new_tokens, repeats, heldout)
@@ -111,12 +113,12 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
 
     from .pipeline import _backend_module
 
-    if pair == ("fp32", "fp32"):
+    recipes = {"target": recipe(pair[0]), "drafter": recipe(pair[1])}
+    if not any(r.quantized for r in recipes.values()):
         return float_dir
     folder = exports / ("-".join(pair) + ("-ple4" if ple_bits == 4 else ""))
     shutil.copytree(float_dir, folder)
     manifest = load_manifest(folder)
-    recipes = {"target": pair[0], "drafter": pair[1]}
     plans = _plans(recipes, folder, manifest, checkpoints, ple_bits)
     backends = {kind: _backend_module(kind).quantize(folder, backend, recipes, block_size, ple_bits=ple_bits,
                                                      plans=plans)
@@ -128,17 +130,16 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
 def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] | None, ple_bits: int) -> dict:
     from . import calibration
     from .checkpoint import resolve
-    from .int4 import INT4_RECIPES
     from .models import drafter_adapter, target_adapter
     from .pipeline import _encoder
 
-    if not set(recipes.values()) & set(INT4_RECIPES):
+    if not any(r.int4 for r in recipes.values()):
         return {}
     if checkpoints is None:  # the folders the float export read its weights from
         checkpoints = (manifest.source["target"]["folder"], manifest.source["drafter"]["folder"])
     sources = {"target": resolve(checkpoints[0], "target"), "drafter": resolve(checkpoints[1], "drafter")}
     adapters = {"target": target_adapter(sources["target"]), "drafter": drafter_adapter(sources["drafter"])}
-    target = adapters["target"].load(sources["target"]) if recipes["target"] == "int4" else None
+    target = adapters["target"].load(sources["target"]) if recipes["target"].calibrated else None
     return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens["bos"], ple_bits=ple_bits)
 
 
@@ -241,7 +242,8 @@ def _speeds(cases: dict, reference: dict, max_new_tokens: int, repeats: int) -> 
 
 
 def markdown(report: dict) -> str:
-    base = {r["backend"]: r for r in report["rows"] if (r["target_recipe"], r["drafter_recipe"]) == ("fp32", "fp32")}
+    baseline = (FP32.name, FP32.name)
+    base = {r["backend"]: r for r in report["rows"] if (r["target_recipe"], r["drafter_recipe"]) == baseline}
     held = any(r.get("heldout") for r in report["rows"])
     lines = ["| backend | target | drafter | MB | top-1 | mean KL | max dlogit | greedy prefix | acceptance | "
              "tok/call | plain ms/tok | vs fp32 | spec ms/tok |" + (" held-out top-1 | held-out KL | held-out greedy "

@@ -114,8 +114,11 @@ def recorded(manifest, folder: Path) -> dict:
         raise UsageError(f"{folder}/manifest.json has no record of the flags it was exported with (an older "
                          "mtpkit's export, or an edited manifest); re-export it with this mtpkit to verify it")
     flags = entry["flags"]
-    quantized = [g.file for b in manifest.backends.values() for g in b.graphs.values() if g.recipe != "fp32"]
-    if flags.get("quant") == flags.get("drafter_quant") == "fp32" and quantized:
+    from .recipes import RECIPES, recipe
+
+    quantized = [g.file for b in manifest.backends.values() for g in b.graphs.values() if recipe(g.recipe).quantized]
+    exported = [flags.get("quant"), flags.get("drafter_quant") or flags.get("quant")]
+    if not any(name in RECIPES and recipe(name).quantized for name in exported) and quantized:
         raise UsageError(f"{folder} holds quantized graphs ({quantized[0]}, ...) under the record of a float export: "
                          "it was derived from one (mtpkit quant-report, mtpkit demo), not exported; verify the "
                          "float export it came from")

@@ -74,10 +74,12 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
     """Run prefill / decode / verify / draft through ONNX Runtime and compare with PyTorch."""
     import onnxruntime as ort
 
+    from mtpkit.runtime.backends import LoadOptions
     from mtpkit.runtime.backends.onnx import session_options
 
     backend = manifest.backend("onnx")
-    sessions = {name: ort.InferenceSession(str(manifest.path(g.file)), session_options(),
+    unpacked = session_options(LoadOptions(pack_weights=False))  # one-off float sessions: no packed weight copy
+    sessions = {name: ort.InferenceSession(str(manifest.path(g.file)), unpacked,
                                            providers=["CPUExecutionProvider"])
                 for name, g in backend.graphs.items()}
     hf, ref_logits, ref_hidden, noise = _reference(target, ids)
@@ -104,9 +106,10 @@ def check_runtime(manifest, kind: str, target, drafter, ids: list[int]) -> list[
     the same splits and tolerances as check_onnx. A backend whose prefill returns only its last row (LiteRT's
     chunked static prefill) is compared on the rows it returns; its prefill graphs are also checked through the
     KV cache they write, which every later call reads."""
-    from mtpkit.runtime.backends import open_backend
+    from mtpkit.runtime.backends import LoadOptions, open_backend
 
-    graph_target, graph_drafter = open_backend(manifest, kind, threads=1)
+    # one-off float runs: no packed copy of the weights
+    graph_target, graph_drafter = open_backend(manifest, kind, threads=1, options=LoadOptions(pack_weights=False))
     hf, ref_logits, ref_hidden, noise = _reference(target, ids)
     checks = []
     for start, end, name in _split(len(ids)):

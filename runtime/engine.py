@@ -11,9 +11,9 @@ from typing import Iterator
 from mtpkit.errors import UsageError, check_int
 
 from .auto import AutoPolicy, CostMeter, TimedDrafter, TimedTarget, calibrate
-from .backends import open_backend
+from .backends import LoadOptions, open_backend
 from .handoff import HANDOFF_MODES
-from .manifest import load_manifest
+from .manifest import Manifest, load_manifest
 from .sampling import Sampler, SamplingConfig
 from .speculative import SCHEDULES, DraftSchedule, fit_draft, plain_generate, speculative_generate
 from .stats import Stats, timed
@@ -62,12 +62,15 @@ class GenConfig:
 
 
 class Engine:
-    def __init__(self, export_dir: str | Path, threads: int | None = None, backend: str | None = None):
+    def __init__(self, export: str | Path | Manifest, threads: int | None = None, backend: str | None = None,
+                 options: LoadOptions = LoadOptions()):
+        """export: an export folder, or a Manifest already read (the exporter's, before it writes manifest.json);
+        options: how the backend opens its graphs (runtime/backends LoadOptions)."""
         if threads is not None:
             check_int("--threads", threads, 1)
-        self.manifest = load_manifest(export_dir)
+        self.manifest = export if isinstance(export, Manifest) else load_manifest(export)
         # (target, drafter) as the backend opened them: calibration and tools call them without the meter
-        self.untimed = open_backend(self.manifest, backend, threads)
+        self.untimed = open_backend(self.manifest, backend, threads, options)
         self.meter = CostMeter()  # every call is timed (~1 us each): the auto schedule and `mtpkit bench` read it
         self.target, self.drafter = TimedTarget(self.untimed[0], self.meter), TimedDrafter(self.untimed[1], self.meter)
         self.backend = self.manifest.backend(backend)

@@ -18,7 +18,7 @@ import pytest
 from mtpkit import cli
 from mtpkit.errors import OutputBusyError
 from mtpkit.export import outdir
-from mtpkit.runtime.manifest import load_manifest
+from mtpkit.runtime.manifest import Manifest, load_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_a_second_export_into_the_same_folder_is_refused_and_a_killed_one_leaves
     out = tmp_path / "out"
     proc = _start(target, drafter, out)
     try:
-        _wait_for(proc, "[1/5]")  # the lock is taken before the first stage
+        _wait_for(proc, "[1/6]")  # the lock is taken before the first stage
         capsys.readouterr()
         rc = cli.main(["-q", "export", str(target), "--drafter", str(drafter), "--out", str(out), *FLAGS])
         err = capsys.readouterr().err
@@ -76,7 +76,9 @@ def test_a_second_export_into_the_same_folder_is_refused_and_a_killed_one_leaves
     assert any(name.startswith(".out.partial-") for name in _leftovers(out))  # what SIGKILL leaves; cleaned below
 
 
-def test_a_killed_export_keeps_the_previous_one_and_a_rerun_cleans_up(tmp_path, tiny_checkpoints, tiny_exports):
+def test_a_killed_export_keeps_the_previous_one_and_a_rerun_cleans_up(tmp_path, tiny_checkpoints, tiny_exports,
+                                                                     monkeypatch):
+    """The rerun also writes manifest.json once: the stages pass it along in memory."""
     from mtpkit.export.config import ExportConfig
     from mtpkit.export.pipeline import export_model
 
@@ -86,15 +88,19 @@ def test_a_killed_export_keeps_the_previous_one_and_a_rerun_cleans_up(tmp_path, 
     previous = (out / "manifest.json").read_bytes()
     proc = _start(target, drafter, out, "--force")
     try:
-        _wait_for(proc, "[3/5]")  # graphs written to the partial folder, reference being recorded
+        _wait_for(proc, "[3/6]")  # graphs written to the partial folder, reference being recorded
     finally:
         _kill(proc)
     assert (out / "manifest.json").read_bytes() == previous
     load_manifest(out)  # still complete: every file matches its sha256
     assert any(name.startswith(".out.partial-") for name in _leftovers(out))
 
+    saved = []
+    save = Manifest.save
+    monkeypatch.setattr(Manifest, "save", lambda self, folder: saved.append(Path(folder)) or save(self, folder))
     export_model(ExportConfig(target=str(target), drafter=str(drafter), out=out, force=True, max_cache_len=64,
                               reference_tokens=4))
+    assert len(saved) == 1 and saved[0].name.startswith(".out.partial-")  # once, at the end, before the rename
     assert load_manifest(out).kv_cache["capacity"] == 64  # the new export replaced the old one
     assert _leftovers(out) == []  # the killed run's partial folder and the lock file are gone
 
@@ -104,7 +110,7 @@ def test_a_terminated_export_removes_its_partial_folder_and_lock(tmp_path, tiny_
     out = tmp_path / "out"
     proc = _start(target, drafter, out)
     try:
-        _wait_for(proc, "[3/5]")  # graphs written to the partial folder, reference being recorded
+        _wait_for(proc, "[3/6]")  # graphs written to the partial folder, reference being recorded
         proc.send_signal(signal.SIGTERM)  # what `kill`, systemd and container runtimes send first
         err = proc.communicate(timeout=120)[1]
     finally:

@@ -173,15 +173,16 @@ def test_refusal_names_the_options_that_fit(tmp_path, tiny_checkpoints):
 
 
 def test_phase_log_times_and_measures_each_phase(caplog):
-    phases = PhaseLog()
+    phases = PhaseLog(total=5, phases=[{"phase": "load", "seconds": 1.0, "peak_rss_mb": 1.0}])
     with caplog.at_level(logging.INFO, logger="mtpkit"):
-        with phases.phase("[2/5]", "onnx graphs"):
+        with phases.phase("onnx graphs", "exporting onnx graphs"):
             block = bytearray(64 << 20)
             block[::4096] = b"\x01" * len(block[::4096])  # touch every page
             del block
     line = next(r.getMessage() for r in caplog.records if "onnx graphs:" in r.getMessage())
     assert line.startswith("  [2/5] onnx graphs: ") and ", peak RSS " in line
-    (entry,) = phases.as_dict()["phases"]
+    assert "[2/5] exporting onnx graphs" in caplog.messages  # numbered by the log's own counter
+    _, entry = phases.as_dict()["phases"]
     assert entry["phase"] == "onnx graphs" and entry["seconds"] > 0 and entry["peak_rss_mb"] >= 64
     assert entry["peak_anon_mb"] >= 64 and ", peak RSS " in line and " anonymous)" in line
 
@@ -193,7 +194,7 @@ def test_phase_log_keeps_mapped_file_pages_out_of_the_anonymous_peak(tmp_path):
     path = tmp_path / "weights.bin"
     path.write_bytes(b"\x01" * (96 << 20))
     phases = PhaseLog()
-    with phases.phase("[2/5]", "check"), path.open("rb") as f:
+    with phases.phase("check", "checking"), path.open("rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         assert sum(mapped[i] for i in range(0, len(mapped), 4096)) == len(mapped) // 4096  # touch every page
         mapped.close()
@@ -224,13 +225,14 @@ def test_session_phases_do_not_count_the_mapped_ple_table():
     assert mapped["onnx graphs"] == copied["onnx graphs"]  # the export itself still writes the table
 
 
-def test_export_sessions_skip_prepacking_only_inside_the_scope_and_compute_the_same(tiny_exports):
+def test_export_sessions_skip_prepacking_only_when_asked_and_compute_the_same(tiny_exports):
     """Export's one-off float sessions keep MatMul weights mapped (an fp32 E4B's packed copy is ~18.6 GB); the
-    runtime's own sessions still prepack, and both give the same verify outputs."""
+    runtime's own sessions (default LoadOptions) still prepack, and both give the same verify outputs."""
     import numpy as np
 
     from mtpkit.export.graph_bench import _feeds
-    from mtpkit.runtime.backends.onnx import OrtSession, session_options, without_prepacking
+    from mtpkit.runtime.backends import LoadOptions
+    from mtpkit.runtime.backends.onnx import OrtSession, session_options
     from mtpkit.runtime.manifest import load_manifest
 
     manifest = load_manifest(tiny_exports(E2B))
@@ -242,14 +244,12 @@ def test_export_sessions_skip_prepacking_only_inside_the_scope_and_compute_the_s
         except RuntimeError:  # not set
             return None
 
-    with without_prepacking():
-        unpacked = OrtSession.open(manifest, backend, 1)
-        assert entry(session_options()) == "1"
+    unpacked = OrtSession.open(manifest, backend, 1, LoadOptions(pack_weights=False))
+    assert entry(session_options(LoadOptions(pack_weights=False))) == "1"
     packed = OrtSession.open(manifest, backend, 1)
     assert all(entry(s.get_session_options()) == "1" for s in unpacked._sessions.values())
     assert not any(entry(s.get_session_options()) == "1" for s in packed._sessions.values())
-    with without_prepacking(enabled=False):
-        assert entry(session_options()) != "1"
+    assert entry(session_options()) != "1"
     feeds = _feeds(manifest, "verify", 40, 5)
     got, want = unpacked.run("verify", feeds), packed.run("verify", feeds)
     assert got.keys() == want.keys()
@@ -358,7 +358,7 @@ def test_a_phase_holds_its_resident_set_near_the_cap_by_handing_back_mapped_page
     data.tofile(tmp_path / "g.tflite")
     cap = (_status_kb("VmRSS") << 10) + (32 << 20)  # 32 MiB above what the process holds now
     log = PhaseLog(resident_cap=cap)
-    with log.phase("[t]", "capped"):
+    with log.phase("capped", "reading a mapped file"):
         mapped = np.memmap(tmp_path / "g.tflite", mode="r")
         total = 0
         for start in range(0, len(mapped), 4 << 20):  # read slowly enough for the 20 ms sampler to see it

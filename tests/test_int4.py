@@ -69,19 +69,20 @@ def test_one_key_for_a_weight_in_onnx_litert_and_pytorch(name):
 
 def test_the_plan_keeps_the_adapters_tensors_at_8_bits_and_rtn_keeps_none():
     from mtpkit.export.models import gemma4_text
+    from mtpkit.export.recipes import recipe
 
-    plan = int4.plan("int4", gemma4_text.INT4_KEEP_8BIT, {"layers.0.mlp.up_proj": np.ones(4)})
+    plan = int4.plan(recipe("int4"), gemma4_text.INT4_KEEP_8BIT, {"layers.0.mlp.up_proj": np.ones(4)})
     assert plan.searched and plan.bits("model.lm_head.weight") == 8
     assert plan.bits("w:model.model.language_model.embed_tokens.weight") == 8
     assert plan.bits("model.model.layers.0.self_attn.v_proj.weight.T") == 8
     assert plan.bits("model.model.layers.0.mlp.up_proj.weight.T") == 4
     assert plan.bits("model.model.embed_tokens_per_layer.weight") == 4  # the PLE path follows --ple-quant
     assert plan.importance_of("model.model.layers.0.mlp.up_proj.weight.T") is not None
-    rtn = int4.plan("int4-rtn", gemma4_text.INT4_KEEP_8BIT, {"layers.0.mlp.up_proj": np.ones(4)})
+    rtn = int4.plan(recipe("int4-rtn"), gemma4_text.INT4_KEEP_8BIT, {"layers.0.mlp.up_proj": np.ones(4)})
     assert not rtn.searched and rtn.bits("model.lm_head.weight") == 4 and not rtn.importance
     with pytest.raises(ValueError, match="needs a plan for the target"):
-        int4.require_plan("int4", None, "target")
-    int4.require_plan("int4-rtn", None, "target")  # round-to-nearest needs none
+        int4.require_plan(recipe("int4"), None, "target")
+    int4.require_plan(recipe("int4-rtn"), None, "target")  # round-to-nearest needs none
 
 
 def _eval_texts() -> list[str]:

@@ -123,21 +123,21 @@ def test_progress_shows_on_a_terminal_only(monkeypatch, capsys):
 
 
 def test_the_export_check_opens_litert_graphs_without_weight_packing(toy, tmp_path):
-    """Inside the scope interpreters run the builtin kernels on the mapped weights (no XNNPACK copy), with the
-    same results; outside it the runtime's defaults come back."""
+    """Without weight packing interpreters run the builtin kernels on the mapped weights (no XNNPACK copy), with
+    the same results; the runtime's defaults keep XNNPACK."""
     from ai_edge_litert.interpreter import OpResolverType
 
     from ai_edge_litert.interpreter import Interpreter
 
+    from mtpkit.runtime.backends import LoadOptions
     from mtpkit.runtime.backends import litert as runtime_litert
 
     module, skeleton, names, inputs, want = toy
     path = tmp_path / "float.tflite"
     lg.graft(skeleton, path, lg.StateSource(module.state_dict()), encoding_for("fp32", "target", 32, 8), names=names)
-    with runtime_litert.without_weight_packing():
-        assert runtime_litert._OPTIONS == {
-            "experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
-    assert runtime_litert._OPTIONS == {}
+    assert runtime_litert.interpreter_options(LoadOptions(pack_weights=False)) == {
+        "experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
+    assert runtime_litert.interpreter_options(LoadOptions()) == {}
     plain = Interpreter(model_path=str(path),
                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     got = plain.get_signature_runner("toy")(x=inputs[0], ids=inputs[1])["y"]

@@ -31,10 +31,11 @@ def test_gguf_types_follow_the_target_graphs_recipe(recipe, types):
     assert all(t in peer.CONVERTER_TYPES or t in peer.QUANTIZER_TYPES for t in types)  # each can be made
 
 
-def test_every_export_recipe_has_a_gguf_type():
-    from mtpkit.export.config import QUANT_RECIPES
+def test_every_export_recipe_has_a_gguf_type_that_can_be_made():
+    from mtpkit.export.recipes import RECIPES
 
-    assert set(QUANT_RECIPES) <= set(peer.GGUF_TYPES)
+    for r in RECIPES.values():
+        assert r.gguf and all(t in peer.CONVERTER_TYPES or t in peer.QUANTIZER_TYPES for t in r.gguf), r.name
 
 
 def test_the_cache_key_follows_every_file_of_the_checkpoint(tmp_path, monkeypatch):

@@ -116,3 +116,18 @@ def test_the_import_check_sees_imports_inside_functions_and_relative_ones(tmp_pa
                      "    from .. import schema\n")
     assert imports(probe, "mtpkit.runtime.backends.probe") == [
         ("mtpkit.api", "load", 2), ("mtpkit.runtime.commands", "_x", 3), ("mtpkit.runtime.schema", None, 4)]
+
+
+def test_runtime_backends_keep_no_module_level_state():
+    """How a backend opens its graphs is an argument (LoadOptions), never a module-level dict, list or set that
+    another package fills, nor a `global` rebound: two engines in one process cannot steer each other."""
+    found = []
+    for path in sorted((ROOT / "runtime" / "backends").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in tree.body:
+            value = getattr(node, "value", None) if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
+                    isinstance(value, ast.Call) and getattr(value.func, "id", None) in ("dict", "list", "set")):
+                found.append(f"{path.name}:{node.lineno}")
+        found += [f"{path.name}:{n.lineno} global" for n in ast.walk(tree) if isinstance(n, ast.Global)]
+    assert found == []

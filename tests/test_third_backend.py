@@ -58,8 +58,8 @@ def _runtime_module() -> types.ModuleType:
     from mtpkit.runtime.backends import Drafter, KVStore, Target
     from mtpkit.runtime.backends import onnx as onnx_runtime
 
-    def load(manifest, backend, threads):
-        target, drafter = onnx_runtime.load(manifest, backend, threads)  # the graphs the relay entry names
+    def load(manifest, backend, threads, options):
+        target, drafter = onnx_runtime.load(manifest, backend, threads, options)  # the graphs the relay entry names
         wrapped = ProtocolOnly(target, Target)
         wrapped._members.discard("kv")
         wrapped.kv = ProtocolOnly(target.kv, KVStore)

@@ -41,7 +41,7 @@ def engine_with(export: str, setting) -> Engine:
     if setting is None:
         return Engine(export)  # the runtime's default
     real = ob.OrtSession.open
-    ob.OrtSession.open = classmethod(lambda cls, m, b, t: fixed(m, b, *setting))
+    ob.OrtSession.open = classmethod(lambda cls, m, b, t, options=None: fixed(m, b, *setting))
     try:
         return Engine(export, threads=1)  # threads given: no pick, and `open` builds the fixed setting
     finally:

@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 from mtpkit.runtime.manifest import KVLayer
 
+from ..recipes import Recipe
+
 
 @dataclass(frozen=True)
 class ExportJob:
@@ -55,9 +57,9 @@ class ExportMemory:
 
     base: int  # bytes: the process with this backend's export modules imported, before any weight is loaded
     graphs: float  # growth in W of its graphs phase, beyond the loaded model
-    quantize: Callable[[set], float]  # growth in W of its quantize phase for the set of recipes used
+    quantize: Callable[[set[Recipe]], float]  # growth in W of its quantize phase for the set of recipes used
     kept: float = 0.0  # W that stays resident after its graphs phase (what the allocator keeps, or a copy)
     # anonymous memory of an export of this backend alone, per phase: (fixed MiB, growth in W), fitted for the
-    # recipes in anonymous_recipes; None: not measured, anonymous = resident
+    # recipes `measured` accepts; None: not measured, anonymous = resident
     anonymous: dict[str, tuple[float, float]] | None = None
-    anonymous_recipes: frozenset = frozenset()
+    measured: Callable[[Recipe], bool] = lambda recipe: False

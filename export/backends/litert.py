@@ -38,7 +38,7 @@ MEMORY = ExportMemory(
     base=1700 * MB,  # litert-torch and TensorFlow Lite (about 200 MB) and the weightless conversion
     graphs=0.05,
     quantize=lambda recipes: 0.05,  # re-grafted a block of rows at a time, read with pread
-    # the float check opens the graphs without XNNPACK (without_weight_packing): no packed copy stays behind
+    # the float check opens the graphs without XNNPACK (LoadOptions pack_weights=False): no packed copy stays behind
     kept=0.0,
     # (fixed MiB, growth in W) per phase, fitted to two --backend litert --quant int4 exports: e2b-wide (W = 580
     # MiB, held fp32) and the full-size random E2B (W = 17954 MiB, held bf16 as stored); quantize, net of the

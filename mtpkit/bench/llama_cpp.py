@@ -33,10 +33,6 @@ from mtpkit.runtime.peers import Peer, PeerOutput, PeerPrompt
 from mtpkit.runtime.quiet import output_captured
 from mtpkit.runtime.verified import VerifiedFiles, cache_dir
 
-# mtpkit recipe -> the GGUF types that match it most closely: same storage width, one scale per block of 32
-# (Q4_0, Q8_0) and, for int4, llama.cpp's usual mixed 4-bit type too (Q4_K_M: some tensors kept at 6 bits)
-GGUF_TYPES = {"fp32": ("F32",), "fp16": ("F16",), "int8": ("Q8_0",), "int8-dynamic": ("Q8_0",),
-              "int4": ("Q4_0", "Q4_K_M"), "int4-rtn": ("Q4_0", "Q4_K_M")}
 CONVERTER_TYPES = {"F32": "f32", "F16": "f16", "Q8_0": "q8_0"}  # convert_hf_to_gguf.py --outtype
 QUANTIZER_TYPES = {"Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}  # llama_cpp names
 CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/gguf/")  # under the sdist's vendor/llama.cpp
@@ -80,10 +76,14 @@ def llama_cpp_peers(manifest, folder: Path, threads: int, max_new_tokens: int, b
 
 
 def gguf_types(manifest) -> tuple[str, ...]:
-    """The GGUF types closest to the recipe of the target's decode graph on the export's first backend."""
+    """The GGUF types closest to the recipe of the target's decode graph on the export's first backend (the
+    recipe's `gguf`, export/recipes.py: same storage width, one scale per block of 32 (Q4_0, Q8_0) and, for int4,
+    llama.cpp's usual mixed 4-bit type too (Q4_K_M: some tensors kept at 6 bits))."""
+    from mtpkit.export.recipes import RECIPES
+
     backend = manifest.backend()
-    recipe = backend.graphs[backend.signatures["decode"].graph].recipe
-    return GGUF_TYPES.get(recipe, ("F32",))
+    chosen = RECIPES.get(backend.graphs[backend.signatures["decode"].graph].recipe)
+    return chosen.gguf if chosen is not None and chosen.gguf else ("F32",)
 
 
 def _runner(llm, max_new_tokens: int, eos: frozenset) -> Callable[[PeerPrompt], PeerOutput]:

@@ -8,6 +8,8 @@ import logging
 import shutil
 from pathlib import Path
 
+from mtpkit.export.recipes import RECIPES as EXPORT_RECIPES  # torch-free: --help lists them in any install
+
 log = logging.getLogger("mtpkit")
 
 EPILOG = """Uses the trained tiny Gemma 4 target + drafter in mtpkit/tiny/assets/tiny_pair (see its pair.json).
@@ -26,7 +28,7 @@ decoding on it, checking that both give the same tokens on every prompt; with th
 `mtpkit bench DIR/RECIPE --peers` compares it with transformers and the other runtimes. Nothing is downloaded.
 """
 PAIRS = ("e2b-shaped", "small")
-RECIPES = ("fp32", "fp16", "int8", "int4")
+RECIPES = tuple(r.name for r in EXPORT_RECIPES.values() if r.offered)  # fp32, fp16, int8, int4
 # the recipe each backend's speculative decoding is timed on unless --quant says otherwise: LiteRT int8 verifies
 # k + 1 tokens for about a decode and is bit-exact; ONNX int8 / int4 are exact only up to near-ties
 # (docs/quantization.md "How to choose")
@@ -96,7 +98,7 @@ def derived(out: Path, recipe: str, block_size: int) -> Path:
     backend (as `mtpkit quant-report` derives it), built beside OUT and moved in whole."""
     from mtpkit.export.quant_report import derive_quantized
 
-    if recipe == "fp32":
+    if not EXPORT_RECIPES[recipe].quantized:
         return out
     staging = out.with_name(f".{out.name}.{recipe}.partial")
     shutil.rmtree(staging, ignore_errors=True)

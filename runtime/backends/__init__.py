@@ -1,8 +1,8 @@
 """Runtime backends, one module per graph format, mirroring export/backends/ (see runtime/roles.py BACKENDS).
 
 Each module `runtime/backends/<kind>.py` provides
-- `load(manifest, backend, threads) -> (Target, Drafter)`; the draft-verify loop is typed against the Protocols
-  below and never sees a backend class;
+- `load(manifest, backend, threads, options: LoadOptions) -> (Target, Drafter)`; the draft-verify loop is typed
+  against the Protocols below and never sees a backend class;
 - optionally `load_errors() -> tuple of exception types` that mean "this graph file is unreadable" to its graph
   runtime (reported as a damaged export, not as a bug in mtpkit);
 - optionally `check_options(options: dict, where: str)`, raising ManifestError for backend options it cannot
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -84,8 +85,19 @@ class Drafter(Protocol[View_contra]):
         """One draft step at a constant pos; returns logits [V] and the activations for the next step [H]."""
 
 
-def open_backend(manifest: Manifest, kind: str | None = None,
-                 threads: int | None = None) -> tuple[Target[Any], Drafter[Any]]:
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a backend opens its graphs, given by whoever opens them (the Engine's caller).
+
+    pack_weights: let the graph runtime pack a private copy of the weights for its fast kernels (ONNX Runtime's
+    prepacking, LiteRT's XNNPACK). Off, the weights stay where the file maps them: for the exporter's one-off float
+    runs, where that copy (a float E2B decoder: about 9 GB) is more than the export can afford
+    (docs/export-memory.md)."""
+    pack_weights: bool = True
+
+
+def open_backend(manifest: Manifest, kind: str | None = None, threads: int | None = None,
+                 options: LoadOptions = LoadOptions()) -> tuple[Target[Any], Drafter[Any]]:
     """Target and drafter of one backend of the export (default: Manifest.backend's, the first in role-table
     order)."""
     name = kind or manifest.backend().kind
@@ -99,7 +111,7 @@ def open_backend(manifest: Manifest, kind: str | None = None,
     backend = manifest.backend(name)
     module = backend_module(name)
     try:
-        return module.load(manifest, backend, threads)
+        return module.load(manifest, backend, threads, options)
     except getattr(module, "load_errors", tuple)() as e:  # sha256 matched, yet its graph runtime cannot read it
         raise ManifestError(f"the {name} graphs in {manifest.root} cannot be loaded "
                             f"({' '.join(str(e).split())[:300]}); re-export the model") from e

@@ -15,7 +15,6 @@ import functools
 import os
 import sys
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,33 +23,20 @@ from ..handoff import CacheFullError, LastCall, Ranges, drafter_ranges
 from ..manifest import Backend, Manifest, Signature
 from ..peers import Peer
 from ..quiet import output_captured
-from . import Drafter, Feeds, GraphTensors, Target, check_signatures
+from . import Drafter, Feeds, GraphTensors, LoadOptions, Target, check_signatures
 
 PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
 
 
-_OPTIONS: dict[str, object] = {}  # extra Interpreter options, scoped by without_weight_packing()
+def interpreter_options(options: LoadOptions) -> dict[str, Any]:
+    """Interpreter keywords: without weight packing, TFLite's builtin kernels run on the weights where the file maps
+    them, instead of XNNPACK, which packs a private copy of every fully-connected weight when a graph is opened (a
+    float E2B decoder: about 9 GB)."""
+    if options.pack_weights:
+        return {}
+    from ai_edge_litert.interpreter import OpResolverType
 
-
-@contextlib.contextmanager
-def without_weight_packing(enabled: bool = True) -> Iterator[None]:
-    """Graphs opened inside run TFLite's builtin kernels on the weights where the file maps them, instead of
-    XNNPACK, which packs a private copy of every fully-connected weight when a graph is opened (a float E2B
-    decoder: about 9 GB). For export's one-off float check; the runtime itself keeps XNNPACK."""
-    before = dict(_OPTIONS)
-    if enabled:
-        from ai_edge_litert.interpreter import OpResolverType
-
-        _OPTIONS["experimental_op_resolver_type"] = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
-    try:
-        yield
-    finally:
-        _OPTIONS.clear()
-        _OPTIONS.update(before)
-
-
-def _packing() -> bool:
-    return "experimental_op_resolver_type" not in _OPTIONS
+    return {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
 
 
 def default_threads(threads: int | None) -> int:
@@ -69,7 +55,8 @@ class LiteRtSession:
     """One ai_edge_litert Interpreter per .tflite file but the target's (`skip`: a CompiledGraph); signatures run
     through SignatureCall."""
 
-    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None, skip: str = ""):
+    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None, skip: str = "",
+                 options: LoadOptions = LoadOptions()):
         from ai_edge_litert.interpreter import Interpreter
 
         self.backend = backend
@@ -78,7 +65,7 @@ class LiteRtSession:
             if not graph.file.endswith(".tflite") or name == skip:
                 continue  # the .litertlm bundle is for LiteRT-LM; `skip` is opened as a CompiledGraph
             interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=default_threads(threads),
-                                 **_OPTIONS)
+                                 **interpreter_options(options))
             check_signatures(backend, name, functools.partial(_interpreter_tensors, interp))
             self._runners[name] = interp
         self.threads = {name: default_threads(threads) for name in [*self._runners, *([skip] if skip else [])]}
@@ -147,14 +134,14 @@ class CompiledGraph:
     of copying each in and out (at E2B 2 x 38 MB per call; docs/performance.md). ai-edge-litert 2.3.0's
     Interpreter cannot bind one buffer to an input and an output."""
 
-    def __init__(self, path: str, backend: Backend, graph: str, threads: int):
+    def __init__(self, path: str, backend: Backend, graph: str, threads: int, options: LoadOptions = LoadOptions()):
         import ai_edge_litert
         from ai_edge_litert.compiled_model import CompiledModel
         from ai_edge_litert.cpu_options import CpuKernelMode, CpuOptions
         from ai_edge_litert.environment import Environment
         from ai_edge_litert.options import Options
 
-        cpu = CpuOptions(num_threads=threads, kernel_mode=None if _packing() else CpuKernelMode.BUILTIN)
+        cpu = CpuOptions(num_threads=threads, kernel_mode=None if options.pack_weights else CpuKernelMode.BUILTIN)
         self.backend = backend
         self.caches: dict[tuple, Any] = {}  # cache key -> TensorBuffer
         self._bound: dict[str, tuple[dict, dict, list]] = {}  # signature -> (inputs, outputs, outputs read)
@@ -415,11 +402,11 @@ def embed(session: LiteRtSession, ids: list[int], per_layer: bool = True) -> tup
     return np.concatenate(emb, axis=1), (np.concatenate(ple, axis=1) if ple else None)
 
 
-def load(manifest: Manifest, backend: Backend,
-         threads: int | None = None) -> tuple[Target[Ranges], Drafter[Ranges]]:
+def load(manifest: Manifest, backend: Backend, threads: int | None = None,
+         options: LoadOptions = LoadOptions()) -> tuple[Target[Ranges], Drafter[Ranges]]:
     """The runtime backend contract (runtime/backends/__init__.py), which mypy checks these classes against."""
     graph = backend.signatures["decode"].graph
-    session = LiteRtSession(manifest, backend, threads, skip=graph)
+    session = LiteRtSession(manifest, backend, threads, skip=graph, options=options)
     kv = StateKV(manifest, backend, CompiledGraph(str(manifest.path(backend.graphs[graph].file)), backend, graph,
-                                                  default_threads(threads)))
+                                                  default_threads(threads), options))
     return StateTarget(session, kv), StateDrafter(session, kv, int(manifest.model["vocab_size"]))

@@ -8,11 +8,10 @@ are never read until they are overwritten.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, TypeAlias, cast
+from typing import TYPE_CHECKING, Callable, TypeAlias, cast
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from ..embedding_table import QuantizedTable
 from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest, ManifestError
 from . import Drafter as DrafterProtocol
-from . import Feeds, GraphTensors, check_signatures
+from . import Feeds, GraphTensors, LoadOptions, check_signatures
 from . import Target as TargetProtocol
 
 if TYPE_CHECKING:
@@ -76,12 +75,14 @@ class OrtSession:
                            [t.key for t in sig.outputs]) for name, sig in backend.signatures.items()}
 
     @classmethod
-    def open(cls, manifest: Manifest, backend: Backend, threads: int) -> "OrtSession":
-        sessions = {name: cls.open_graph(manifest, backend, name, threads) for name in backend.graphs}
+    def open(cls, manifest: Manifest, backend: Backend, threads: int,
+             options: LoadOptions = LoadOptions()) -> "OrtSession":
+        sessions = {name: cls.open_graph(manifest, backend, name, threads, options) for name in backend.graphs}
         return cls(backend, sessions, {name: threads for name in sessions})
 
     @staticmethod
-    def open_graph(manifest: Manifest, backend: Backend, graph: str, threads: int) -> ort.InferenceSession:
+    def open_graph(manifest: Manifest, backend: Backend, graph: str, threads: int,
+                   options: LoadOptions = LoadOptions()) -> ort.InferenceSession:
         """One InferenceSession of a graph at `threads` intra-op threads, with the options above."""
         import onnxruntime as ort
 
@@ -89,15 +90,12 @@ class OrtSession:
         missing = [name for name in SIGNATURES if name not in backend.signatures]
         if missing:
             raise ManifestError(f"manifest.json: backends.onnx.signatures.{missing[0]} is missing; re-export the model")
-        opts = ort.SessionOptions()
+        opts = session_options(options)
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        for key, value in _EXTRA_CONFIG.items():
-            opts.add_session_config_entry(key, value)
-        opts.log_severity_level = 3
         return ort.InferenceSession(str(manifest.path(backend.graphs[graph].file)), opts,
                                     providers=["CPUExecutionProvider"])
 
@@ -120,34 +118,18 @@ def _graph_tensors(session: ort.InferenceSession) -> GraphTensors:
     return ranks(session.get_inputs()), ranks(session.get_outputs())
 
 
-_EXTRA_CONFIG: dict[str, str] = {}
-
-
-@contextlib.contextmanager
-def without_prepacking(enabled: bool = True) -> Iterator[None]:
-    """Sessions opened inside keep their MatMul weights where the model file maps them instead of packing a
-    private copy. For fp32 graphs that copy is as large as the weights (E4B: ~18.6 GB beside the mapped file),
-    which a one-off export session on a full-size model cannot afford; decode is as fast without it, a 5-token
-    verify ~2.8x slower (docs/export-memory.md), so the runtime itself always prepacks."""
-    before = dict(_EXTRA_CONFIG)
-    if enabled:
-        _EXTRA_CONFIG["session.disable_prepacking"] = "1"
-    try:
-        yield
-    finally:
-        _EXTRA_CONFIG.clear()
-        _EXTRA_CONFIG.update(before)
-
-
-def session_options() -> ort.SessionOptions:
-    """A plain SessionOptions carrying the scoped entries above (for export's own graph check), warnings off
-    (an fp32 E2B's tied table logs a constant-folding notice per session)."""
+def session_options(options: LoadOptions = LoadOptions()) -> ort.SessionOptions:
+    """A plain SessionOptions (the export's own graph check opens sessions with it), warnings off (an fp32 E2B's
+    tied table logs a constant-folding notice per session). Without weight packing, sessions keep their MatMul
+    weights where the model file maps them instead of packing a private copy: for fp32 graphs that copy is as large
+    as the weights (E4B: ~18.6 GB beside the mapped file); decode is as fast without it, a 5-token verify ~2.8x
+    slower (docs/export-memory.md), so the runtime's own sessions pack."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    for key, value in _EXTRA_CONFIG.items():
-        opts.add_session_config_entry(key, value)
+    if not options.pack_weights:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     return opts
 
 
@@ -285,20 +267,20 @@ class Drafter:
         return out[("logits", None)][0, -1], out[("projected_activations", None)][0, -1]
 
 
-def load(manifest: Manifest, backend: Backend,
-         threads: int | None = None) -> tuple[TargetProtocol[StoreView], DrafterProtocol[StoreView]]:
+def load(manifest: Manifest, backend: Backend, threads: int | None = None,
+         options: LoadOptions = LoadOptions()) -> tuple[TargetProtocol[StoreView], DrafterProtocol[StoreView]]:
     """The runtime backend contract (runtime/backends/__init__.py), which mypy checks these classes against."""
     kv, embed = WindowKV(manifest), Embeddings(manifest, backend)
     cores = os.cpu_count() or 1
     if threads or cores == 1:
-        session = OrtSession.open(manifest, backend, threads or 1)
+        session = OrtSession.open(manifest, backend, threads or 1, options)
     else:
-        session = pick_threads(manifest, backend, kv, embed, (1, cores))
+        session = pick_threads(manifest, backend, kv, embed, (1, cores), options)
     return Target(session, kv), Drafter(session, embed)
 
 
 def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embeddings, candidates: tuple[int, ...],
-                 repeats: int = 12) -> OrtSession:
+                 options: LoadOptions = LoadOptions(), repeats: int = 12) -> OrtSession:
     """Per graph, the thread count whose decode (target) or draft step (drafter) is faster; within 10% the fewer
     threads win: they leave cores to the host and to other processes, whose load can come and go after the pick
     (on a shared 2-core machine a 2-thread target waits for the busy core).
@@ -311,7 +293,7 @@ def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embe
     session: OrtSession | None = None
     for n in order:
         session = None  # the previous candidate's sessions are released before the next opens
-        session = OrtSession.open(manifest, backend, n)
+        session = OrtSession.open(manifest, backend, n, options)
         times[n] = _time_calls(session, kv, embed, repeats)
     chosen, drafter_graph = {}, backend.signatures["draft"].graph
     for graph in backend.graphs:
@@ -324,7 +306,7 @@ def pick_threads(manifest: Manifest, backend: Backend, kv: WindowKV, embed: Embe
     for graph, n in chosen.items():
         if n != order[-1]:
             del sessions[graph]  # released before its winner opens
-            sessions[graph] = OrtSession.open_graph(manifest, backend, graph, n)
+            sessions[graph] = OrtSession.open_graph(manifest, backend, graph, n, options)
     return OrtSession(backend, sessions, chosen)
 
 
