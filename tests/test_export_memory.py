@@ -229,7 +229,7 @@ def test_export_sessions_skip_prepacking_only_inside_the_scope_and_compute_the_s
     runtime's own sessions still prepack, and both give the same verify outputs."""
     import numpy as np
 
-    from mtpkit.export.graph_bench import _feeds
+    from mtpkit.export.backends.onnx.bench import _feeds
     from mtpkit.runtime.backends.onnx import OrtSession, session_options, without_prepacking
     from mtpkit.runtime.manifest import load_manifest
 

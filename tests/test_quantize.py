@@ -128,7 +128,7 @@ def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_expo
 
 def test_litert_takes_int8_dynamic_as_its_int8(tmp_path, monkeypatch):
     """LiteRT's int8 (dynamic range) quantizes activations at run time already: its int8 runs."""
-    from mtpkit.export.backends import litert_quant
+    from mtpkit.export.backends.litert import quantization as litert_quant
     from mtpkit.runtime.manifest import Backend, GraphFile
 
     class Quantized(Exception):
@@ -158,7 +158,7 @@ def test_a_broken_recipe_fails_the_gate_in_one_line(tiny_checkpoints, tmp_path, 
     from onnx import numpy_helper
 
     from mtpkit import cli
-    from mtpkit.export.backends import onnx as onnx_backend
+    from mtpkit.export.backends.onnx import quantization as onnx_backend
 
     real = onnx_backend._quantized
 

@@ -1,5 +1,6 @@
-"""LiteRT quantization: each float .tflite re-grafted with quantized weights (litert_graft.py), streamed from its
-own memory map, then the .litertlm bundle's sections swapped for the results. Called through export/backends/litert.py `quantize` (the backend's one entry point)."""
+"""LiteRT quantization: each float .tflite re-grafted with quantized weights (graft.py), streamed from its
+own memory map, then the .litertlm bundle's sections swapped for the results. `quantize` is the backend's entry
+point (export/backends/litert/__init__.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import numpy as np
 
 from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
 
-from .. import int4
-from ..int4 import INT4_RECIPES
-from ..scoped import litertlm_identity
+from ... import int4
+from ...int4 import INT4_RECIPES
+from ...scoped import litertlm_identity
 
 # ---- quantization: each float .tflite re-grafted, then the bundle's sections swapped for the results ----
 
-# graph key in the manifest -> model_type of its .litertlm section (litert_lm_builder.TfLiteModelType)
+# graph key in the manifest -> the type of its .litertlm section (litert_lm_builder.TfLiteModelType)
 BUNDLE_SECTIONS = {"target": "tf_lite_prefill_decode", "embedder": "tf_lite_embedder",
                    "per_layer_embedder": "tf_lite_per_layer_embedder", "drafter": "tf_lite_mtp_drafter"}
 
@@ -93,10 +94,11 @@ ALIASES = {"int8-dynamic": "int8"}
 def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int, ple_bits: int = 8,
                      plan=None) -> tuple[str, dict]:
     """Re-graft one float .tflite in place with its weights encoded by `recipe`, read from its own memory map a
-    block of rows at a time (litert_graft.py); returns (the recipe it now carries, encodings by count)."""
+    block of rows at a time (graft.py); returns (the recipe it now carries, encodings by count)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from .litert_graft import GraftedSource, graft, read_map
+    from .graft import graft, read_map
+    from .sources import GraftedSource
 
     if recipe in INT4_RECIPES and name == "per_layer_embedder" and ple_bits == 8:
         recipe = "int8"  # the PLE table keeps 8 bits (see quantize's docstring)
@@ -124,7 +126,7 @@ def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int, plan=N
     (the target's per_layer projections; as LiteRT-LM's gemma4_mixed48) unless ple_bits is 4, and a weight whose
     width no block of 128/64/32 (up to block_size) divides gets int8 channelwise. `plan` (int4 / int4-rtn):
     the weights it keeps at 8 bits, and each weight's calibration importance for the scale search."""
-    from .litert_graft import Encoding, int4_block
+    from .graft import Encoding, int4_block
 
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
         if len(shape) != 2 or not uses or not uses <= WEIGHT_OPS or recipe == "fp32":
@@ -143,12 +145,12 @@ def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int, plan=N
 
 
 def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
-    """Replace every .tflite section of the .litertlm by the file of its model_type, keeping the other sections
+    """Replace every .tflite section of the .litertlm by the file of its section type, keeping the other sections
     (metadata, tokenizer) and the section order; check the result carries exactly the files' bytes. Sections are
     copied from the files a block at a time, never held in memory. The header's uuid is named by the sections and
     its time fixed (_content_uuid), so the same sections always give the same file.
 
-    Returns the model types of the bundle's TFLite sections.
+    Returns the section types of the bundle's TFLite sections.
     """
     from ai_edge_quantizer.utils import litertlm_utils
 
@@ -158,12 +160,12 @@ def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
     for i, section in enumerate(source.sections):
         if section.dataType != litertlm_utils.AnySectionDataType.TFLiteModel:
             continue
-        model_type = source.get_model_type(i)
-        if model_type not in files:
-            raise RuntimeError(f"{bundle.name}: section {i} has model_type {model_type!r}, which no exported "
+        section_type = source.get_model_type(i)
+        if section_type not in files:
+            raise RuntimeError(f"{bundle.name}: section {i} has model_type {section_type!r}, which no exported "
                                f"file provides (have {', '.join(files)})")
-        overrides[i] = _FileSection(Path(files[model_type]))
-        types.append(model_type)
+        overrides[i] = _FileSection(Path(files[section_type]))
+        types.append(section_type)
     missing = set(files) - set(types)
     if missing:
         raise RuntimeError(f"{bundle.name} has no section for {', '.join(sorted(missing))}")
@@ -229,7 +231,7 @@ class _StreamedFile:
 def _streamed_output(mmap_utils):
     """ai-edge-quantizer 0.10.0's LiteRTLMFile.serialize writes into a memory map of the whole output and takes
     every section as an in-memory buffer; give it a plain file that streams _FileSection overrides instead."""
-    from ..scoped import patched
+    from ...scoped import patched
 
     with patched(mmap_utils, "get_mapped_buffer_or_none", lambda path, size: _StreamedFile(path)):
         yield

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import int4
-from ..progress import progress
+from ... import int4
+from ...progress import progress
 
 # onnx_ir's writer materializes at most this many bytes of lazy tensors at once
 IN_FLIGHT_BYTES = 256 << 20
