@@ -28,7 +28,7 @@ from .backends import ExportJob
 from .mapped import CHECKPOINT, GRAPHS, page_out
 from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve, safetensors_files
 from .config import ExportConfig
-from .models import drafter_adapter, target_adapter
+from .models import drafter_adapter, model_type, target_adapter
 from .phases import MB, PhaseLog, human_bytes
 from .scoped import import_quietly
 
@@ -270,7 +270,7 @@ def _json(path: Path) -> dict:
 def _source_entry(src: Source) -> dict:
     # folder: where the weights were read (absolute), so `bench --peers` finds them from any working directory
     return {"ref": src.ref, "revision": src.revision, "folder": str(src.folder.resolve()),
-            "model_type": src.config.get("model_type"),
+            "model_type": model_type(src),
             "architectures": src.config.get("architectures"), "config_sha256": sha256_file(src.folder / "config.json")}
 
 

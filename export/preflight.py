@@ -11,7 +11,7 @@ the exporter holds them: the target in --dtype, the drafter in fp32):
     peak = max over the phases this export runs
 
 base and the growth of a backend's own phases (its graphs, its quantization) are that backend's MEMORY
-(export/backends/<kind>.py ExportMemory); the other phases' growth is GROWTH below. In the phases that open ONNX
+(export/backends/<kind>/ ExportMemory); the other phases' growth is GROWTH below. In the phases that open ONNX
 Runtime sessions W leaves out the per-layer-embedding table (mapped, not copied); a quantized export's acceptance
 phase grows by its final weights x GROWTH or QUANTIZED_RESIDUE x W, the larger.
 
@@ -47,7 +47,7 @@ log = logging.getLogger("mtpkit")
 GB = 1 << 30  # --memory-budget is in GiB, like every size mtpkit prints
 # Extra copies of W at each phase's peak beyond the model itself; e2b-wide's measured peak in MiB (W = 580.5;
 # docs/export-memory.md, "The estimate"). Each backend's own phases (graphs, quantize) and its base are its MEMORY
-# (export/backends/<kind>.py).
+# (export/backends/<kind>/).
 GROWTH = {
     "load": 0.0,  # the model takes the read tensors over (assign=True); + the stored copy of converted files
     #               (bf16 file held fp32: 1263 = base + W + the bf16 copy; held as stored: mmapped, read lazily: 397)
@@ -134,7 +134,7 @@ def _size(name: str, entry, folder: Path) -> tuple[int, int]:
 
 
 def memory(kind: str) -> ExportMemory:
-    """A backend's memory figures: MEMORY of export/backends/<kind>.py."""
+    """A backend's memory figures: MEMORY of export/backends/<kind>/."""
     return importlib.import_module(f"{backends.__name__}.{kind}").MEMORY
 
 

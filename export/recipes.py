@@ -26,6 +26,7 @@ class Recipe:
     #                      float data, export/backends/onnx_stream.py), fp16 (ORT's converter), dynamic (ORT's
     #                      quantize_dynamic: int8 activations at run time)
     litert: str | None = None  # LiteRT's encoding of the weights: fp16, int8 or int4; None: the float graphs
+    litert_as: str | None = None  # LiteRT stores it as this recipe (the same bytes), recorded under that name
     offered: bool = False  # named by the memory preflight's "options that fit" when an export does not fit
     gguf: tuple[str, ...] = ()  # llama.cpp's types of the same width (`bench --peers` compares at equal bytes)
 
@@ -55,9 +56,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # Wider: int8, whose 32-wide blocks are finer than one activation scale per call (trained tiny pair: top-1
     # 1.000 against 0.984, docs/scale-bench.md)
     Recipe("int8-dynamic", bits=8, table_bits=8, gate=0.95, wider="int8", bytes_per_weight=1, onnx="dynamic",
-           litert="int8", gguf=("Q8_0",)),
+           litert="int8", litert_as="int8", gguf=("Q8_0",)),
 )}
 FP32 = RECIPES["fp32"]
+KEPT_8BIT = RECIPES["int8"]  # what a graph whose weights all kept 8 bits under a 4-bit recipe is recorded as
 ALIASES = {"none": "fp32"}  # accepted for --quant and --drafter-quant
 # --ple-quant: the per-layer-embedding table's bits under the int recipes (a 4-bit PLE broke other toolchains, so 8
 # unless asked)

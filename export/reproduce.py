@@ -25,7 +25,7 @@ log = logging.getLogger("mtpkit")
 
 MEASURED = "measured"  # the manifest's section of measured figures, left out of every comparison
 # what writes or shapes the files of every export: the loaded model, the reference, its tokenization, the arrays;
-# each backend module adds its own (PACKAGES in export/backends/<kind>.py)
+# each backend module adds its own (PACKAGES in export/backends/<kind>/)
 COMMON_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
 UNRECORDED = ("out", "force")  # where an export goes, not what it is
 PATH_FLAGS = ("target", "drafter", "calibration")

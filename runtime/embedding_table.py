@@ -1,6 +1,6 @@
 """Host-side row lookup in the block-quantized embedding table the target graph also reads (numpy only).
 
-The manifest's `embedding` entry (written by export/backends/onnx_embedding.save_with_table_external) points at
+The manifest's `embedding` entry (written by export/backends/onnx/embedding.save_with_table_external) points at
 one file holding the packed codes, uint8 [V, n_blocks, blob_size] (MatMulNBits layout), then the scales
 [V, n_blocks]. A row dequantizes exactly as com.microsoft GatherBlockQuantized does for uint8 data without
 zero_points: w = (code - zero_point) * scale, codes 4-bit low nibble first (zero_point 8) or 8-bit (128).

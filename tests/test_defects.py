@@ -73,8 +73,8 @@ def test_reference_restores_num_assistant_tokens_when_generate_fails():
 
 
 def test_onnx_export_leaves_the_torch_logger_level_alone(tmp_path):
-    """export/backends/onnx.py set a torch.onnx logger to ERROR for the whole process and never restored it."""
-    from mtpkit.export.backends import onnx as onnx_backend
+    """export/backends/onnx/graphs.py set a torch.onnx logger to ERROR for the whole process and never restored it."""
+    from mtpkit.export.backends.onnx import graphs as onnx_backend
     from mtpkit.runtime.manifest import Signature, TensorSpec
 
     class Double(torch.nn.Module):
@@ -90,10 +90,10 @@ def test_onnx_export_leaves_the_torch_logger_level_alone(tmp_path):
 
 
 def test_litert_drafter_caches_are_named_by_owner_index():
-    """export/backends/litert.py read the drafter's kv_cache_<k|v>_<n> as layer n but the target's as the n-th
+    """export/backends/litert/ read the drafter's kv_cache_<k|v>_<n> as layer n but the target's as the n-th
     KV owner; LiteRT-LM hands the drafter the target's caches by name, so both must mean the n-th owner."""
     pytest.importorskip("litert_torch")
-    from mtpkit.export.backends import litert_describe
+    from mtpkit.export.backends.litert import describe as litert_describe
 
     owners = [0, 1, 2, 5]  # a layout where a KV owner comes after a shared layer
     detail = {"shape": [1, 1, 16, 8], "dtype": np.float32}
@@ -106,13 +106,13 @@ def test_litert_drafter_caches_are_named_by_owner_index():
 
 def test_litert_cache_indices_of_gemma4_store_layers(tiny_checkpoints):
     pytest.importorskip("litert_torch")
-    from mtpkit.export.backends import litert
+    from mtpkit.export.backends.litert.describe import cache_indices
     from mtpkit.export.checkpoint import resolve
     from mtpkit.export.models import gemma4_text
 
     config = gemma4_text.hf_config(resolve(str(tiny_checkpoints("e2b_gemma4_centroid")[0]), "target"))
     owners = [d.layer for d in gemma4_text.kv_layers(config)]
-    index = litert.cache_indices(config)
+    index = cache_indices(gemma4_text, config)
     assert {t: owners[n] for t, n in index.items()} == gemma4_text.store_layers(config)
 
 

@@ -11,7 +11,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from mtpkit.export.backends.onnx_embedding import quantize_shared_table, save_with_table_external  # noqa: E402
+from mtpkit.export.backends.onnx.embedding import quantize_shared_table, save_with_table_external  # noqa: E402
 from mtpkit.runtime.embedding_table import QuantizedTable  # noqa: E402
 
 T = 5
@@ -144,7 +144,7 @@ def test_tables_are_quantized_a_slab_of_rows_at_a_time_with_the_same_result(tmp_
     whole-table quantization, since blocks never cross rows."""
     from onnx.external_data_helper import set_external_data
 
-    from mtpkit.export.backends import onnx_embedding
+    from mtpkit.export.backends.onnx import embedding as onnx_embedding
 
     w = np.random.default_rng(0).standard_normal((30, 40)).astype(dtype)
     whole = onnx_embedding.quantize_blockwise(w, 4, 32)

@@ -230,7 +230,7 @@ def test_export_sessions_skip_prepacking_only_when_asked_and_compute_the_same(ti
     runtime's own sessions (default LoadOptions) still prepack, and both give the same verify outputs."""
     import numpy as np
 
-    from mtpkit.export.graph_bench import _feeds
+    from mtpkit.export.backends.onnx.bench import _feeds
     from mtpkit.runtime.backends import LoadOptions
     from mtpkit.runtime.backends.onnx import OrtSession, session_options
     from mtpkit.runtime.manifest import load_manifest

@@ -105,7 +105,7 @@ UNFUSED_OPS = {"Pow", "ReduceMean", "Softmax", "Neg", "Sqrt", "Reciprocal"}
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_graphs_are_fused_within_the_node_budget(tiny_exports, name):
-    from mtpkit.export.graph_bench import node_counts
+    from mtpkit.export.backends.onnx.bench import node_counts
 
     out = tiny_exports(name)
     manifest = load_manifest(out)
@@ -129,7 +129,7 @@ def unfused_export(tiny_checkpoints, tmp_path_factory):
 
 
 def test_no_fuse_exports_standard_ops_that_run_on_older_runtimes(unfused_export, tiny_exports):
-    from mtpkit.export.graph_bench import node_counts
+    from mtpkit.export.backends.onnx.bench import node_counts
 
     for graph, c in node_counts(unfused_export).items():
         assert UNFUSED_OPS & set(c["ops"]) and not FUSED_OPS - {"Gelu"} & set(c["ops"]), (graph, c["ops"])
@@ -155,7 +155,7 @@ def test_fused_graphs_on_an_older_onnxruntime_are_one_line(installed, needed, ok
 
 
 def test_graph_bench_reports_nodes_and_call_times(tiny_exports, unfused_export, capsys):
-    from mtpkit.export import graph_bench
+    from mtpkit.export.backends.onnx import bench as graph_bench
 
     out = tiny_exports("e2b_gemma4_centroid")
     args = [str(unfused_export), str(out), str(out), "--past", "20", "--rounds", "1", "--calls", "3",

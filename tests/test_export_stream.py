@@ -1,4 +1,4 @@
-"""The streaming ONNX export (export/backends/onnx_stream.py) and --dtype: graphs traced on fake fp32 weights,
+"""The streaming ONNX export (export/backends/onnx/stream.py) and --dtype: graphs traced on fake fp32 weights,
 each weight converted only as it is written, the target held in the checkpoint's own dtype (issue 14)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytest.importorskip("onnx_ir")
 from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
 
 from mtpkit.errors import MemoryBudgetError, UsageError  # noqa: E402
-from mtpkit.export.backends import onnx_stream  # noqa: E402
+from mtpkit.export.backends.onnx import stream as onnx_stream  # noqa: E402
 
 
 class _Tied(torch.nn.Module):
@@ -164,7 +164,7 @@ def test_streamed_quantization_equals_onnxruntimes_quantizer(tmp_path, bits):
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from mtpkit.export.backends import onnx as onnx_backend
+    from mtpkit.export.backends.onnx import quantization as onnx_backend
 
     # v: its fp32 weight is external data (1280 B), its packed copy small enough to stay inline (256 / 512 B)
     weights = {"w": torch.randn(96, 40), "v": torch.randn(8, 40), "table": torch.randn(600, 40)}

@@ -1,5 +1,5 @@
 """Fused ONNX export (issue 11): the fused_ops patch equals transformers in PyTorch and undoes itself, and each
-graph rewrite of export/backends/onnx_fusions.py keeps a graph's values in ONNX Runtime."""
+graph rewrite of export/backends/onnx/fusions.py keeps a graph's values in ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _target_call(tad, target, steps: int, past: int):
 
 
 def _draft_call(dad, drafter, target):
-    from mtpkit.export.backends import onnx as onnx_backend
+    from mtpkit.export.backends.onnx import graphs as onnx_backend
     from mtpkit.export.models import gemma4_text
 
     layers = {d.layer: d for d in gemma4_text.kv_layers(target.config)}
@@ -76,7 +76,7 @@ def _run(model, feeds):
 def _fused(model):
     import onnx_ir as ir
 
-    from mtpkit.export.backends import onnx_fusions
+    from mtpkit.export.backends.onnx import fusions as onnx_fusions
 
     graph = ir.serde.deserialize_model(model)
     onnx_fusions.fuse_graph(graph)

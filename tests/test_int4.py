@@ -48,8 +48,8 @@ def test_rows_are_independent_and_zero_blocks_stay_zero():
 
 
 def test_onnx_packing_of_searched_codes_reads_back_through_matmulnbits_layout():
-    from mtpkit.export.backends.onnx_embedding import dequantize_blockwise
-    from mtpkit.export.backends.onnx_stream import _searched
+    from mtpkit.export.backends.onnx.embedding import dequantize_blockwise
+    from mtpkit.export.backends.onnx.stream import _searched
 
     rng = np.random.default_rng(2)
     w = rng.normal(size=(80, 24)).astype(np.float32)  # [K, N], K not a whole number of blocks: padded

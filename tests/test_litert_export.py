@@ -17,8 +17,9 @@ import pytest
 litert_torch = pytest.importorskip("litert_torch")
 torch = pytest.importorskip("torch")
 
-from mtpkit.export import litert_patches  # noqa: E402
-from mtpkit.export.backends import litert as backend  # noqa: E402
+from mtpkit.export.backends.litert import patches as litert_patches  # noqa: E402
+from mtpkit.export.backends.litert.describe import drafter_window  # noqa: E402
+from mtpkit.export.backends.litert.graphs import export_litert  # noqa: E402
 from mtpkit.export.checkpoint import resolve  # noqa: E402
 from mtpkit.export.models import gemma4_assistant, gemma4_text  # noqa: E402
 from mtpkit.runtime.backends.litert import full_logits  # noqa: E402
@@ -132,7 +133,8 @@ def exported(request, tmp_path_factory):
     drafter = gemma4_assistant.load(resolve(str(ddir), "drafter"))
     out = root / "litert"
     out.mkdir()
-    info = backend.export_litert(tdir, drafter, target, out, prefill_len=PREFILL, cache_len=CACHE, max_draft=DRAFTS)
+    info = export_litert(tdir, drafter, target, out, prefill_len=PREFILL, cache_len=CACHE, max_draft=DRAFTS,
+                         target_adapter=gemma4_text, drafter_adapter=gemma4_assistant)
     return {"out": out, "info": info, "target": target, "drafter": drafter, "target_dir": tdir}
 
 
@@ -402,7 +404,7 @@ def test_drafter_matches_transformers(exported, view):
         common = {"activations": act.numpy(), "input_pos": np.array([pos], np.int32), **feeds}
         for slots, signature in ((s, w["signature"]) for w in info["signatures"]["draft_windows"]
                                  if (s := w["full_slots"]) >= end):  # every signature whose full prefix shows it
-            got = _draft_masked(g, signature, common, masks, store, backend.drafter_window(cfg, CACHE), slots, end)
+            got = _draft_masked(g, signature, common, masks, store, drafter_window(cfg, CACHE), slots, end)
             assert ("selected_ids" in got) == (drafter.masked_embedding is not None)  # only a centroid head selects
             if "selected_ids" in got:  # its selected tokens, spread over the vocabulary as the runtime spreads them
                 head, ids = drafter.masked_embedding, got["selected_ids"][0, -1]

@@ -1,4 +1,5 @@
-"""Weightless LiteRT conversion and the streamed weight graft (export/backends/litert_graft.py) on a toy module."""
+"""Weightless LiteRT conversion and the streamed weight graft (export/backends/litert/graft.py, sources.py) on a toy
+module."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ pytest.importorskip("litert_torch")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from mtpkit.export.backends import litert_graft as lg  # noqa: E402
-from mtpkit.export.backends.litert_quant import encoding_for  # noqa: E402
+from mtpkit.export.recipes import recipe as recipe_named  # noqa: E402
+from mtpkit.export.backends.litert import graft as lg  # noqa: E402
+from mtpkit.export.backends.litert import sources  # noqa: E402
+from mtpkit.export.backends.litert.quantization import encoding_for  # noqa: E402
 from mtpkit.runtime.quiet import output_captured  # noqa: E402
 
 pytestmark = pytest.mark.litert
@@ -68,8 +71,8 @@ def weight_buffers(path):
 def test_the_skeleton_holds_no_weights_and_the_graft_gives_the_module(toy, tmp_path):
     module, skeleton, names, inputs, want = toy
     assert skeleton.stat().st_size < 20_000  # the module's weights alone are 60 kB
-    done = lg.graft(skeleton, tmp_path / "float.tflite", lg.StateSource(module.state_dict()),
-                    encoding_for("fp32", "target", 32, 8), names=names)
+    done = lg.graft(skeleton, tmp_path / "float.tflite", sources.StateSource(module.state_dict()),
+                    encoding_for(recipe_named("fp32"), "target", 32, 8), names=names)
     assert set(done) == {"table.weight", "up.weight", "down.weight", "norm"}  # "unused" is stored nowhere
     np.testing.assert_allclose(run(tmp_path / "float.tflite", inputs), want, atol=1e-5)
     buffers = weight_buffers(tmp_path / "float.tflite")
@@ -83,13 +86,14 @@ def test_a_recipe_regrafted_from_the_float_file_equals_one_grafted_from_the_modu
     from ai_edge_litert import schema_py_generated as schema
 
     module, skeleton, names, inputs, want = toy
-    choose = encoding_for(recipe, "target", 128, 8)  # block 128: the 64-wide weights fall back to 64
+    choose = encoding_for(recipe_named(recipe), "target", 128, 8)  # block 128: the 64-wide weights fall back to 64
     float_file, direct, regrafted = tmp_path / "float.tflite", tmp_path / "direct.tflite", tmp_path / "re.tflite"
-    lg.graft(skeleton, float_file, lg.StateSource(module.state_dict()), encoding_for("fp32", "target", 32, 8),
+    lg.graft(skeleton, float_file, sources.StateSource(module.state_dict()),
+             encoding_for(recipe_named("fp32"), "target", 32, 8),
              names=names)
-    done = lg.graft(skeleton, direct, lg.StateSource(module.state_dict()), choose, names=names)
+    done = lg.graft(skeleton, direct, sources.StateSource(module.state_dict()), choose, names=names)
     model = schema.ModelT.InitFromPackedBuf(lg.read_map(float_file), 0)
-    assert lg.graft(float_file, regrafted, lg.GraftedSource(float_file, model), choose) == done
+    assert lg.graft(float_file, regrafted, sources.GraftedSource(float_file, model), choose) == done
     assert {k: done[k] for k in kinds} == kinds and done["norm"] == "float32"
     np.testing.assert_array_equal(run(regrafted, inputs), run(direct, inputs))
     tol = {"int8": 0.05, "int4": 0.5, "fp16": 0.01}[recipe]
@@ -101,8 +105,8 @@ def test_safetensors_source_reads_rows_of_bf16_as_float32(tmp_path):
 
     w = torch.randn(7, 5).to(torch.bfloat16)
     save_file({"model.layers.0.w": w, "model.s": torch.ones(())}, str(tmp_path / "model.safetensors"))
-    source = lg.SafetensorsSource(tmp_path)
-    source.resolve = lg.checkpoint_resolver(source.where)
+    source = sources.SafetensorsSource(tmp_path)
+    source.resolve = sources.checkpoint_resolver(source.where)
     assert source.shape("inner.layers.0.w") == (7, 5)
     np.testing.assert_array_equal(source.rows("inner.layers.0.w", 2, 6), w[2:6].float().numpy())
     assert source.rows("s", 0, 1) == 1.0
@@ -134,7 +138,9 @@ def test_the_export_check_opens_litert_graphs_without_weight_packing(toy, tmp_pa
 
     module, skeleton, names, inputs, want = toy
     path = tmp_path / "float.tflite"
-    lg.graft(skeleton, path, lg.StateSource(module.state_dict()), encoding_for("fp32", "target", 32, 8), names=names)
+    lg.graft(skeleton, path, sources.StateSource(module.state_dict()),
+             encoding_for(recipe_named("fp32"), "target", 32, 8),
+             names=names)
     assert runtime_litert.interpreter_options(LoadOptions(pack_weights=False)) == {
         "experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
     assert runtime_litert.interpreter_options(LoadOptions()) == {}

@@ -15,7 +15,7 @@ pytest.importorskip("litert_torch")
 from conftest import LITERT_VARIANTS, litertlm_texts, load_tool  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
 from mtpkit.export import quant_report  # noqa: E402
-from mtpkit.export.backends import litert_quant  # noqa: E402
+from mtpkit.export.backends.litert import quantization as litert_quant  # noqa: E402
 from mtpkit.runtime.engine import Engine, GenConfig  # noqa: E402
 from mtpkit.runtime.manifest import load_manifest  # noqa: E402
 from mtpkit.runtime.stats import Stats  # noqa: E402
@@ -139,10 +139,13 @@ def test_fidelity_is_measured_and_gated_on_the_litert_graphs(quantized):
 
 
 def test_quantizing_again_changes_nothing(quantized):
+    from mtpkit.export.recipes import recipe as recipe_named
+
     recipe, folder, manifest = quantized
     lite = manifest.backend("litert")
     before = {n: (folder / g.file).read_bytes() for n, g in lite.graphs.items()}
-    assert backend.quantize(folder, lite, {"target": recipe, "drafter": recipe}) == lite
+    same = recipe_named(recipe)
+    assert backend.quantize(folder, lite, {"target": same, "drafter": same}) == lite
     assert {n: (folder / g.file).read_bytes() for n, g in lite.graphs.items()} == before
 
 
@@ -186,19 +189,19 @@ def test_zero_int4_blocks_get_a_positive_scale(tmp_path):
     import litert_torch
     import torch
 
-    from mtpkit.export.backends import litert_graft
+    from mtpkit.export.backends.litert import graft, sources
 
     linear = torch.nn.Linear(64, 8, bias=False)
     with torch.no_grad():
         linear.weight[0] = 0  # an all-zero output channel: two all-zero blocks of 32
-    weights = litert_graft.WeightInputs()
+    weights = graft.WeightInputs()
     converter = litert_torch.Converter()
     with weights.converting():
         converter.signature("fc", linear.eval(), sample_kwargs={"input": torch.randn(1, 64)})
     skeleton, path = tmp_path / "skeleton.tflite", tmp_path / "fc.tflite"
     converter.convert(strict_export=False).export(str(skeleton))
-    done = litert_graft.graft(skeleton, path, litert_graft.StateSource(linear.state_dict()),
-                              lambda *a: litert_graft.Encoding("int4", 32), names=weights.names)
+    done = graft.graft(skeleton, path, sources.StateSource(linear.state_dict()),
+                       lambda *a: graft.Encoding("int4", 32), names=weights.names)
     assert done == {"weight": "int4/b32"}
     data = path.read_bytes()
     model = schema.ModelT.InitFromPackedBuf(data, 0)

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import VARIANTS
 
+from mtpkit.export.recipes import recipe as recipe_named
+
 pytestmark = pytest.mark.slow
 
 
@@ -28,7 +30,7 @@ def _quantized_copy(src, dst, recipe: str):
 
     shutil.copytree(src, dst)
     manifest = load_manifest(dst)
-    recipes = {"target": recipe, "drafter": recipe}
+    recipes = {"target": recipe_named(recipe), "drafter": recipe_named(recipe)}
     plans = quant_report._plans(recipes, dst, manifest, None, 8)  # int4's calibration, as the exporter's
     backend = onnx_backend.quantize(dst, manifest.backend("onnx"), recipes, plans=plans)
     dataclasses.replace(manifest, backends={**manifest.backends, "onnx": backend}).save(dst)
@@ -128,19 +130,20 @@ def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_expo
 
 def test_litert_takes_int8_dynamic_as_its_int8(tmp_path, monkeypatch):
     """LiteRT's int8 (dynamic range) quantizes activations at run time already: its int8 runs."""
-    from mtpkit.export.backends import litert_quant
+    from mtpkit.export.backends.litert import quantization as litert_quant
     from mtpkit.runtime.manifest import Backend, GraphFile
 
     class Quantized(Exception):
         pass
 
     def quantize_tflite(path, name, recipe, block_size, ple_bits=8, plan=None):
-        raise Quantized(name, recipe)
+        raise Quantized(name, recipe.name)
 
     monkeypatch.setattr(litert_quant, "_quantize_tflite", quantize_tflite)
     backend = Backend("litert", "state", {"target": GraphFile("target.tflite", "0", 1, "litert")}, {})
     with pytest.raises(Quantized) as seen:
-        litert_quant.quantize(tmp_path, backend, {"target": "int8-dynamic", "drafter": "int8-dynamic"})
+        dynamic = recipe_named("int8-dynamic")
+        litert_quant.quantize(tmp_path, backend, {"target": dynamic, "drafter": dynamic})
     assert seen.value.args == ("target", "int8")
 
 
@@ -158,7 +161,7 @@ def test_a_broken_recipe_fails_the_gate_in_one_line(tiny_checkpoints, tmp_path, 
     from onnx import numpy_helper
 
     from mtpkit import cli
-    from mtpkit.export.backends import onnx as onnx_backend
+    from mtpkit.export.backends.onnx import quantization as onnx_backend
 
     real = onnx_backend._quantized
 

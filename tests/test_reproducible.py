@@ -110,7 +110,7 @@ def test_the_bundle_header_is_named_by_its_sections_and_litert_lm_loads_it(liter
     import litert_lm
     from ai_edge_quantizer.utils import litertlm_utils
 
-    from mtpkit.export.backends.litert_quant import BUNDLE_SECTIONS, rebuild_bundle
+    from mtpkit.export.backends.litert.quantization import BUNDLE_SECTIONS, rebuild_bundle
 
     folder = Path(litert_exports(PAIR))
     header = litertlm_utils.LiteRTLMFile(folder / "model.litertlm").get_system_metadata()
@@ -152,7 +152,7 @@ def test_the_fixed_order_patches_change_only_the_order_and_are_undone():
     from transformers import Gemma4TextConfig
     from transformers.models.gemma4.modeling_gemma4 import Gemma4TextModel
 
-    from mtpkit.export.litert_patches import import_export_hf
+    from mtpkit.export.backends.litert.patches import import_export_hf
 
     import_export_hf()  # litert-torch's export modules import only under its tensorflow alias (B1)
     from litert_torch.generative.export_hf.core import litert_lm_builder

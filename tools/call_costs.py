@@ -125,7 +125,7 @@ def litert_weight_bytes(path: Path, signature: str) -> int:
     """FULLY_CONNECTED weight buffers (and block scales) in one signature's subgraph of a .tflite, each once."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from mtpkit.export.backends.litert_graft import read_map
+    from mtpkit.export.backends.litert.graft import read_map
 
     model = schema.ModelT.InitFromPackedBuf(read_map(path), 0)
     sub = model.subgraphs[next(s.subgraphIndex for s in model.signatureDefs if s.signatureKey.decode() == signature)]

@@ -22,7 +22,7 @@ def session(k: int, n: int, bits: int, block_size: int, threads: int, seed: int 
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from mtpkit.export.backends.onnx import _quantized
+    from mtpkit.export.backends.onnx.quantization import _quantized
 
     weight = (np.random.default_rng(seed).standard_normal((k, n)) * 0.02).astype(np.float32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "one_matmul",
@@ -40,10 +40,10 @@ def session(k: int, n: int, bits: int, block_size: int, threads: int, seed: int 
 
 def measure(shapes, block_sizes, bits, threads, rows, rounds: int = 7, calls: int = 30) -> list[dict]:
     """One dict per (shape, bits, block size, threads): ms at the fewest rows M0 and {M: time(M) / time(M0)}, all
-    settings interleaved round by round (graph_bench.time_interleaved)."""
+    settings interleaved round by round (export/backends/onnx/bench.py time_interleaved)."""
     import numpy as np
 
-    from mtpkit.export.graph_bench import time_interleaved
+    from mtpkit.export.backends.onnx.bench import time_interleaved
 
     rng = np.random.default_rng(1)
     settings = [(k, n, b, bs, th) for k, n in shapes for b in bits for bs in block_sizes for th in threads]

@@ -4,9 +4,9 @@ speed-up per draft length, and what the export itself cost. Not run in CI.
     .venv/bin/python tools/scale_bench.py EXPORT_DIR [--acceptance-from PAIR_EXPORT | --acceptance 0.4,0.6,...]
         [--past 256] [--rounds 5] [--calls 10] [--threads N] [--out report.md] [--json report.json]
 
-- latency: median per graph call (export/graph_bench.py time_interleaved: every kind timed in turn, each round)
-  of target decode, verify of k + 1 tokens for k = 1..8 and the drafter step, at position --past, with random
-  feeds shaped as the runtime passes them (graph_bench._feeds); host work outside the call (KV windows, commits,
+- latency: median per graph call (export/backends/onnx/bench.py time_interleaved: every kind timed in turn, each
+  round) of target decode, verify of k + 1 tokens for k = 1..8 and the drafter step, at position --past, with random
+  feeds shaped as the runtime passes them (bench._feeds); host work outside the call (KV windows, commits,
   sampling) is not in these figures. Threads per graph are the runtime's pick (backends/onnx.py pick_threads).
 - bytes a decode call must read: every initializer a weight-multiplying op (MatMul, MatMulNBits, Gemm, ...)
   reads, the LM head included, plus the KV windows the call is fed. Embedding and per-layer-embedding tables
@@ -28,7 +28,7 @@ import os
 import sys
 from pathlib import Path
 
-from mtpkit.export.graph_bench import _feeds, time_interleaved
+from mtpkit.export.backends.onnx.bench import _feeds, time_interleaved
 from mtpkit.runtime import bandwidth
 from mtpkit.runtime.backends import onnx as ort_backend
 from mtpkit.runtime.cost_model import Costs, predict

@@ -1,6 +1,6 @@
-"""Export backends, one module per graph format (see runtime/roles.py BACKENDS), mirrored by runtime/backends/.
+"""Export backends, one package per graph format (see runtime/roles.py BACKENDS), mirrored by runtime/backends/.
 
-Each module `export/backends/<kind>.py` provides
+Each package `export/backends/<kind>/` provides, from its __init__.py,
 - `export(job: ExportJob) -> manifest.Backend`: it writes its graph files into job.folder and returns its manifest
   entry (graph files with sha256, signatures whose tensors carry roles from the role table, backend options);
 - `check(manifest, job, ids) -> list[verify.GraphCheck]`: its float graphs against PyTorch (export/verify.py);

@@ -1,5 +1,6 @@
 """One adapter per model family, each with the same names (mlx-lm style): MODEL_TYPES, load, a step module, and
-fused_ops(model), the scoped patch under which the step calls export/fused_ops.py's fusable custom ops.
+fused_ops(model), the scoped patch under which the step calls export/backends/onnx/fused_ops.py's fusable custom
+ops.
 
 Nothing outside this package branches on model_type.
 """
@@ -23,8 +24,13 @@ def drafter_adapter(source: Source) -> ModuleType:
     return _pick(DRAFTERS, source, "drafter", "a Gemma 4 MTP drafter (model_type gemma4_assistant)")
 
 
+def model_type(source: Source) -> str | None:
+    """The checkpoint's config model_type, as the manifest's source entry records it."""
+    return source.config.get("model_type")
+
+
 def _pick(table: dict, source: Source, role: str, wanted: str) -> ModuleType:
-    model_type = source.config.get("model_type")
-    if model_type not in table:
-        raise CheckpointError(f"{role} {source.ref} has model_type {model_type!r}; mtpkit needs {wanted}")
-    return table[model_type]
+    kind = model_type(source)
+    if kind not in table:
+        raise CheckpointError(f"{role} {source.ref} has model_type {kind!r}; mtpkit needs {wanted}")
+    return table[kind]

@@ -8,6 +8,9 @@ and gets back only the new entries, which it writes into its preallocated buffer
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -15,8 +18,8 @@ from torch import nn
 
 from mtpkit.runtime.manifest import KVLayer
 
-from .. import fused_ops as ops
-from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
+from ..backends.onnx import fused_ops as ops
+from ..checkpoint import HF_SIDE_FILES, CheckpointError, Source, assign_state, load_tensors
 from ..scoped import patched
 
 MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -116,6 +119,29 @@ def weight_prefix(source: Source) -> str:
     return "model.language_model." if source.config.get("model_type") == "gemma4" else "model."
 
 
+def export_hf_checkpoint(target_dir: Path, dst: Path) -> Path:
+    """The checkpoint folder litert-torch's export_hf converts: a gemma4 (Gemma4ForConditionalGeneration) view of a
+    gemma4_text checkpoint's config and tokenizer written to dst (no weights: export_hf builds the model on the meta
+    device), or target_dir unchanged.
+
+    export_hf only takes the external-embedder path LiteRT-LM's MTP needs (embedder + per_layer_embedder,
+    embeddings inputs) for model_type gemma4; Gemma4ForCausalLM checkpoints get token inputs instead.
+    """
+    config = json.loads((target_dir / "config.json").read_text())
+    if config.get("model_type") != "gemma4_text":
+        return target_dir
+    dst.mkdir(parents=True)
+    top = {k: config[k] for k in ("pad_token_id", "eos_token_id", "bos_token_id") if k in config}
+    wrapped = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": config,
+               "vision_config": None, "audio_config": None,
+               "tie_word_embeddings": config.get("tie_word_embeddings", True), **top}
+    (dst / "config.json").write_text(json.dumps(wrapped, indent=2))
+    for name in HF_SIDE_FILES:
+        if (target_dir / name).is_file():
+            shutil.copy2(target_dir / name, dst / name)
+    return dst
+
+
 def _load_state(model: nn.Module, state: dict, source: Source) -> None:
     ignored = set(model.model._keys_to_ignore_on_load_unexpected)  # k/v weights of KV-shared layers
     state = {k: v for k, v in state.items() if k.removeprefix("model.").rsplit(".", 1)[0] not in ignored}
@@ -141,8 +167,8 @@ def store_layers(config) -> dict[str, int]:
 
 @contextlib.contextmanager
 def fused_ops(model: nn.Module):
-    """Inside the block, transformers' Gemma 4 RMSNorm and attention run through export/fused_ops.py's custom ops
-    (the same math), which a graph backend lowers to single fused kernels. Restored on exit.
+    """Inside the block, transformers' Gemma 4 RMSNorm and attention run through export/backends/onnx/fused_ops.py's
+    custom ops (the same math), which a graph backend lowers to single fused kernels. Restored on exit.
 
     Args:
         model: the model to be exported; its attention modules get head-regrouped copies of their q_proj and

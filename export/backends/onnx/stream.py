@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import int4
-from ..progress import progress
+from ... import int4
+from ...progress import progress
 
 # onnx_ir's writer materializes at most this many bytes of lazy tensors at once
 IN_FLIGHT_BYTES = 256 << 20
@@ -233,7 +233,6 @@ def _replace_matmul(graph, node, b, quant, block_size: int, accuracy_level: int)
 
 
 MS_DOMAIN = "com.microsoft"
-STREAMED = ("int4", "int4-rtn", "int8")  # the recipes quantize_matmuls packs
 
 
 def compact(path: Path) -> None:

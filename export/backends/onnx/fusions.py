@@ -1,4 +1,4 @@
-"""ONNX lowering of export/fused_ops.py, and the graph rewrites that finish the fusion after export.
+"""ONNX lowering of fused_ops.py, and the graph rewrites that finish the fusion after export.
 
 Each custom op becomes one ONNX Runtime CPU kernel; all run on ORT 1.17.3 and later, except that ORT < 1.20
 rejects the mask MultiHeadAttention gets with more than one K/V head (measured on 1.17.3 - 1.32):
@@ -79,10 +79,10 @@ def attention(query, key, value, mask, scale: float, groups: int):
 
 
 def translation_table() -> dict:
-    """torch.onnx.export's custom_translation_table for export/fused_ops.py."""
+    """torch.onnx.export's custom_translation_table for fused_ops.py."""
     import torch
 
-    from .. import fused_ops  # noqa: F401  (registers the mtpkit:: ops)
+    from . import fused_ops  # noqa: F401  (registers the mtpkit:: ops)
 
     return {torch.ops.mtpkit.rms_norm.default: rms_norm, torch.ops.mtpkit.rotary.default: rotary,
             torch.ops.mtpkit.attention.default: attention}

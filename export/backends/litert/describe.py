@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models import gemma4_text
-from . import litert_graft
+from .graft import read_map
 
 MASK_HIDDEN = float(-0.7 * np.finfo(np.float32).max)  # what LiteRT-LM writes (InitializeAttentionMask, fp32)
 
@@ -32,15 +31,15 @@ def drafter_window(target_config, cache_len: int) -> int:
     return min(target_config.sliding_window + 1, cache_len)
 
 
-def cache_indices(target_config) -> dict[str, int]:
+def cache_indices(target_adapter, target_config) -> dict[str, int]:
     """Layer type -> cache index of the store layer the drafter reads.
 
     export_hf numbers the target's caches kv_cache_k_<n> by position among the KV-owning layers, and LiteRT-LM
     hands the drafter the target's caches by those names; n equals the layer id only while every KV owner comes
     before every shared layer.
     """
-    owners = [d.layer for d in gemma4_text.kv_layers(target_config)]
-    return {t: owners.index(i) for t, i in gemma4_text.store_layers(target_config).items()}
+    owners = [d.layer for d in target_adapter.kv_layers(target_config)]
+    return {t: owners.index(i) for t, i in target_adapter.store_layers(target_config).items()}
 
 
 TARGET_ROLES = {"embeddings": "embeddings", "per_layer_embeddings": "per_layer_embeddings", "input_pos": "input_pos",
@@ -79,7 +78,7 @@ def signature_order(path: Path) -> list[str]:
     """Signature keys in flatbuffer order: LiteRT-LM runs the drafter's signature index 0."""
     from ai_edge_litert import schema_py_generated as schema
 
-    model = schema.Model.GetRootAsModel(litert_graft.read_map(path), 0)  # mapped: a large file's weights stay unread
+    model = schema.Model.GetRootAsModel(read_map(path), 0)  # mapped: a large file's weights stay unread
     return [model.SignatureDefs(i).SignatureKey().decode() for i in range(model.SignatureDefsLength())]
 
 
@@ -100,10 +99,11 @@ def describe_file(path: Path, kind: str, owners: list[int], store_types: dict[in
     return {"file": path.name, "bytes": path.stat().st_size, "signatures": signatures}
 
 
-def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, max_draft: int) -> dict:
-    layers = gemma4_text.kv_layers(target_config)
+def describe(out_dir: Path, target_adapter, target_config, *, prefill_len: int, cache_len: int,
+             max_draft: int) -> dict:
+    layers = target_adapter.kv_layers(target_config)
     owners = [d.layer for d in layers]
-    store_types = {n: t for t, n in cache_indices(target_config).items()}
+    store_types = {n: t for t, n in cache_indices(target_adapter, target_config).items()}
     files = {key: describe_file(out_dir / f"{key}.tflite", kind, owners, store_types) for key, kind in
              (("target", "target"), ("embedder", "embeddings"), ("per_layer_embedder", "per_layer_embeddings"),
               ("drafter", "drafter"))}
@@ -127,7 +127,8 @@ def describe(out_dir: Path, target_config, *, prefill_len: int, cache_len: int, 
                                                     "signature": f"prefill_per_layer_embedder_{prefill_len}"}],
                        "per_layer_embed_decode": "decode_per_layer_embedder"},
         "cache_len": cache_len, "prefill_lens": [prefill_len], "verify_len": max_draft + 1, "max_draft": max_draft,
-        "kv_cache": {"layers": layer_names, "store_layers": gemma4_text.store_layers(target_config), "dtype": "float32",
+        "kv_cache": {"layers": layer_names, "store_layers": target_adapter.store_layers(target_config),
+                     "dtype": "float32",
                      "key_layout": "[1, kv_heads, cache_len, head_dim]", "key_seq_axis": 2,
                      "value_layout": "[1, kv_heads, head_dim, cache_len] (transposed)", "value_seq_axis": 3,
                      "state": "every target signature takes all caches and returns the updated copies"},

@@ -1,14 +1,15 @@
 """Compare the ONNX graphs of two exports: node counts, and the time of one target decode call and one drafter
 draft call, the two exports interleaved round by round in one process so both see the same machine load.
 
-    python -m mtpkit.export.graph_bench BASELINE_DIR NEW_DIR [NEW_DIR ...] [--past 100] [--rounds 15] [--calls 100]
+    python -m mtpkit.export.backends.onnx.bench BASELINE_DIR NEW_DIR [NEW_DIR ...] [--past 100] [--rounds 15]
+        [--calls 100]
 
 e.g. what fusion and int8 weights buy on the trained tiny pair (docs/performance.md):
 
     mtpkit export $PAIR/target --drafter $PAIR/drafter --out plain --no-fuse
     mtpkit export $PAIR/target --drafter $PAIR/drafter --out fused
     mtpkit export $PAIR/target --drafter $PAIR/drafter --out fused-int8 --quant int8
-    python -m mtpkit.export.graph_bench plain fused fused-int8
+    python -m mtpkit.export.backends.onnx.bench plain fused fused-int8
 
 Sessions are the runtime's own (runtime/backends/onnx.py OrtSession.open) with 1 intra-op thread (the baseline's
 decode and draft sessions: --baseline-threads). `floor` is the time of the target's weight MatMuls alone (same
@@ -173,7 +174,8 @@ def time_interleaved(runs: dict, rounds: int = 15, calls: int = 100) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mtpkit.export.graph_bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mtpkit.export.backends.onnx.bench",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("baseline", type=Path, help="export folder to compare against")
     p.add_argument("new", type=Path, nargs="+", help="export folders to measure")
     p.add_argument("--past", type=int, default=100, help="context length before the call (default 100)")

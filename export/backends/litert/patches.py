@@ -15,7 +15,7 @@ import importlib.util
 import sys
 import types
 
-from .scoped import patched
+from ...scoped import patched
 
 # The modules litert-torch 0.10.0 imports from tensorflow without declaring the dependency (B1).
 _TF_SCHEMA = "tensorflow.lite.python.schema_py_generated"

@@ -2,7 +2,7 @@
 
 Their PyTorch kernels are the same math as transformers' Gemma 4 modules, so a step module that calls them gives
 the same outputs as one that does not; only an exporter with a translation for `mtpkit::*` (the ONNX backend's
-onnx_fusions.py) sees a difference. A model adapter routes its modules here inside a scoped patch
+fusions.py) sees a difference. A model adapter routes its modules here inside a scoped patch
 (export/models/gemma4_text.py `fused_ops`), so nothing changes outside an export.
 """
 

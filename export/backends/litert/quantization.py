@@ -1,5 +1,6 @@
-"""LiteRT quantization: each float .tflite re-grafted with quantized weights (litert_graft.py), streamed from its
-own memory map, then the .litertlm bundle's sections swapped for the results. Called through export/backends/litert.py `quantize` (the backend's one entry point)."""
+"""LiteRT quantization: each float .tflite re-grafted with quantized weights (graft.py), streamed from its
+own memory map, then the .litertlm bundle's sections swapped for the results. `quantize` is the backend's entry
+point (export/backends/litert/__init__.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import numpy as np
 
 from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
 
-from .. import int4
-from ..int4 import INT4_RECIPES
-from ..scoped import litertlm_identity
+from ... import int4
+from ...recipes import FP32, KEPT_8BIT, Recipe
+from ...recipes import recipe as recipe_named
+from ...scoped import litertlm_identity
 
 # ---- quantization: each float .tflite re-grafted, then the bundle's sections swapped for the results ----
 
-# graph key in the manifest -> model_type of its .litertlm section (litert_lm_builder.TfLiteModelType)
+# graph key in the manifest -> the type of its .litertlm section (litert_lm_builder.TfLiteModelType)
 BUNDLE_SECTIONS = {"target": "tf_lite_prefill_decode", "embedder": "tf_lite_embedder",
                    "per_layer_embedder": "tf_lite_per_layer_embedder", "drafter": "tf_lite_mtp_drafter"}
 
@@ -44,20 +46,20 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         gemma4_mixed48 the per-layer-embedding path keeps 8 bits (the per_layer_embedder table and the target's per_layer
         projections): a 4-bit PLE table is where Gemma 4 broke elsewhere. per_layer_embedder is recorded as int8.
         ple_bits=4 (`--ple-quant int4`, only when asked) gives the PLE path 4 bits too.
-    int8-dynamic: int8 (see ALIASES), so stored as int8 in the graphs, the bundle and its section recipes.
+    int8-dynamic: int8 (its `litert_as`), so stored as int8 in the graphs, the bundle and its section recipes.
     accuracy_level is ONNX Runtime's (MatMulNBits) and has no LiteRT counterpart; it is accepted and ignored.
     """
     folder = Path(folder)
-    recipes = {side: ALIASES.get(recipe, recipe) for side, recipe in recipes.items()}
+    recipes = {side: recipe_named(r.litert_as) if r.litert_as else r for side, r in recipes.items()}
     for recipe in recipes.values():
-        if recipe not in ("fp32", *RECIPES):
-            raise ValueError(f"unknown LiteRT quantization recipe {recipe!r}; choose from fp32, {', '.join(RECIPES)}")
+        if recipe.quantized and recipe.litert is None:
+            raise ValueError(f"the {recipe.name} recipe has no LiteRT encoding (export/recipes.py `litert`)")
     graphs, options = dict(backend.graphs), dict(backend.options)
     detail = dict(options.get("quantization") or {})
     changed = False
     for name in BUNDLE_SECTIONS:
-        recipe = recipes.get("drafter" if name == "drafter" else "target", "fp32")
-        if name not in graphs or recipe == "fp32" or graphs[name].recipe != "fp32":
+        recipe = recipes.get("drafter" if name == "drafter" else "target", FP32)
+        if name not in graphs or not recipe.quantized or recipe_named(graphs[name].recipe).quantized:
             continue  # float requested, or already quantized
         path = folder / graphs[name].file
         plan = (plans or {}).get("drafter" if name == "drafter" else "target")
@@ -84,54 +86,49 @@ def _graph_file(folder: Path, name: str) -> GraphFile:
     return GraphFile(file=name, sha256=sha256_file(path), bytes=path.stat().st_size, backend="litert")
 
 
-RECIPES = ("fp16", "int8", "int4", "int4-rtn")
-# LiteRT's int8 (dynamic_wi8_afp32) already quantizes activations at run time, so ONNX's int8-dynamic is that recipe
-# here: the same bytes, recorded under the name of what they are
-ALIASES = {"int8-dynamic": "int8"}
-
-
-def _quantize_tflite(path: Path, name: str, recipe: str, block_size: int, ple_bits: int = 8,
+def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple_bits: int = 8,
                      plan=None) -> tuple[str, dict]:
     """Re-graft one float .tflite in place with its weights encoded by `recipe`, read from its own memory map a
-    block of rows at a time (litert_graft.py); returns (the recipe it now carries, encodings by count)."""
+    block of rows at a time (graft.py); returns (the recipe it now carries, encodings by count)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from .litert_graft import GraftedSource, graft, read_map
+    from .graft import graft, read_map
+    from .sources import GraftedSource
 
-    if recipe in INT4_RECIPES and name == "per_layer_embedder" and ple_bits == 8:
-        recipe = "int8"  # the PLE table keeps 8 bits (see quantize's docstring)
+    if recipe.int4 and name == "per_layer_embedder" and ple_bits == 8:
+        recipe = KEPT_8BIT  # the PLE table keeps 8 bits (see quantize's docstring)
     model = schema.ModelT.InitFromPackedBuf(read_map(path), 0)  # the flatbuffer only: weights follow it
     done = graft(path, path, GraftedSource(path, model), encoding_for(recipe, name, block_size, ple_bits, plan))
     counts: dict[str, int] = {}
     for encoding in done.values():
         counts[encoding] = counts.get(encoding, 0) + 1
-    if recipe in INT4_RECIPES and not any(e.startswith("int4") for e in counts):
-        recipe = "int8"  # every weight kept 8 bits (the embedder's table under int4): recorded as what it is
+    if recipe.int4 and not any(e.startswith("int4") for e in counts):
+        recipe = KEPT_8BIT  # every weight kept 8 bits (the embedder's table under int4): recorded as what it is
     how = {"weights": dict(sorted(counts.items())), "block_size": block_size}
-    if plan is not None and recipe in INT4_RECIPES:
+    if plan is not None and recipe.int4:
         how.update(tensors={k.removeprefix("w:"): v for k, v in sorted(done.items())},
                    calibration=dict(plan.calibration) or None)
-    return recipe, how
+    return recipe.name, how
 
 
 WEIGHT_OPS = {("FULLY_CONNECTED", 1), ("EMBEDDING_LOOKUP", 1)}  # (op, input) pairs that read a weight
 
 
-def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int, plan=None):
+def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, plan=None):
     """The encoding of each weight under `recipe`: only FULLY_CONNECTED weights and EMBEDDING_LOOKUP tables are
     quantized (dynamic range: int8 channelwise, int4 blockwise with float16 scales, or float16 through a
     DEQUANTIZE); norms, scalars and the rest stay float32. int4 keeps the per-layer-embedding path at 8 bits
     (the target's per_layer projections; as LiteRT-LM's gemma4_mixed48) unless ple_bits is 4, and a weight whose
     width no block of 128/64/32 (up to block_size) divides gets int8 channelwise. `plan` (int4 / int4-rtn):
     the weights it keeps at 8 bits, and each weight's calibration importance for the scale search."""
-    from .litert_graft import Encoding, int4_block
+    from .graft import Encoding, int4_block
 
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
-        if len(shape) != 2 or not uses or not uses <= WEIGHT_OPS or recipe == "fp32":
+        if len(shape) != 2 or not uses or not uses <= WEIGHT_OPS or not recipe.quantized:
             return Encoding("float32")
-        if recipe == "fp16":
+        if recipe.litert == "fp16":
             return Encoding("float16")
-        if recipe == "int8" or (graph == "target" and "per_layer" in name and ple_bits == 8):
+        if recipe.litert == "int8" or (graph == "target" and "per_layer" in name and ple_bits == 8):
             return Encoding("int8")
         block = int4_block(shape[1], block_size)
         if not block or (plan is not None and plan.bits(name) == 8):
@@ -143,12 +140,12 @@ def encoding_for(recipe: str, graph: str, block_size: int, ple_bits: int, plan=N
 
 
 def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
-    """Replace every .tflite section of the .litertlm by the file of its model_type, keeping the other sections
+    """Replace every .tflite section of the .litertlm by the file of its section type, keeping the other sections
     (metadata, tokenizer) and the section order; check the result carries exactly the files' bytes. Sections are
     copied from the files a block at a time, never held in memory. The header's uuid is named by the sections and
     its time fixed (_content_uuid), so the same sections always give the same file.
 
-    Returns the model types of the bundle's TFLite sections.
+    Returns the section types of the bundle's TFLite sections.
     """
     from ai_edge_quantizer.utils import litertlm_utils
 
@@ -158,12 +155,12 @@ def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
     for i, section in enumerate(source.sections):
         if section.dataType != litertlm_utils.AnySectionDataType.TFLiteModel:
             continue
-        model_type = source.get_model_type(i)
-        if model_type not in files:
-            raise RuntimeError(f"{bundle.name}: section {i} has model_type {model_type!r}, which no exported "
+        section_type = source.get_model_type(i)
+        if section_type not in files:
+            raise RuntimeError(f"{bundle.name}: section {i} has model_type {section_type!r}, which no exported "
                                f"file provides (have {', '.join(files)})")
-        overrides[i] = _FileSection(Path(files[model_type]))
-        types.append(model_type)
+        overrides[i] = _FileSection(Path(files[section_type]))
+        types.append(section_type)
     missing = set(files) - set(types)
     if missing:
         raise RuntimeError(f"{bundle.name} has no section for {', '.join(sorted(missing))}")
@@ -229,7 +226,7 @@ class _StreamedFile:
 def _streamed_output(mmap_utils):
     """ai-edge-quantizer 0.10.0's LiteRTLMFile.serialize writes into a memory map of the whole output and takes
     every section as an in-memory buffer; give it a plain file that streams _FileSection overrides instead."""
-    from ..scoped import patched
+    from ...scoped import patched
 
     with patched(mmap_utils, "get_mapped_buffer_or_none", lambda path, size: _StreamedFile(path)):
         yield

@@ -1,0 +1,110 @@
+"""Where a graft reads its weights: rows of a named weight as float32, from an in-memory module, a checkpoint's
+.safetensors files or a grafted file, a block of rows at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .graft import WEIGHT
+
+# ---- weight sources: rows of a named weight, as float32 ----
+
+class StateSource:
+    """Weights of an in-memory module (the drafter: small)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self.state[name].shape)
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        return self.state[name].detach()[start:stop].float().numpy()
+
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+class SafetensorsSource:
+    """Weights read from a checkpoint's .safetensors files with plain reads, a block of rows at a time: nothing
+    is mapped, so the process's resident memory never holds the checkpoint (the page cache does, reclaimably)."""
+
+    def __init__(self, folder: Path, resolve: Callable[[str], str] | None = None):
+        from ...checkpoint import safetensors_files
+
+        self.where: dict[str, tuple] = {}  # key -> (path, dtype, shape, first byte)
+        for f in safetensors_files(Path(folder)):
+            with open(f, "rb") as h:
+                n = int.from_bytes(h.read(8), "little")
+                header = json.loads(h.read(n))
+            for key, d in header.items():
+                if key != "__metadata__":
+                    self.where[key] = (f, d["dtype"], tuple(d["shape"]), 8 + n + d["data_offsets"][0])
+        self.resolve = resolve or (lambda name: name)
+
+    def shape(self, name: str) -> tuple:
+        return self.where[self.resolve(name)][2]
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        path, dtype, shape, first = self.where[self.resolve(name)]
+        if dtype not in _DTYPES:
+            raise ValueError(f"{path.name}: {name} is {dtype}; mtpkit reads float32, float16 and bfloat16 weights")
+        width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        count = (stop - start) * width if shape else 1
+        item = np.dtype(_DTYPES[dtype]).itemsize
+        with open(path, "rb") as f:
+            raw = os.pread(f.fileno(), count * item, first + start * width * item)
+        values = np.frombuffer(raw, _DTYPES[dtype])
+        if dtype == "BF16":  # the high half of a float32
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        return values.astype(np.float32, copy=False).reshape((stop - start, *shape[1:]) if shape else ())
+
+
+class GraftedSource:
+    """The float32 weights of a grafted file, read from its memory map (re-encoding float -> int8 / int4)."""
+
+    def __init__(self, path: Path, model):
+        self.fd = os.open(path, os.O_RDONLY)  # the inode stays readable after the file is replaced
+        self.found = {}
+        for sg in model.subgraphs:
+            for t in sg.tensors:
+                name = t.name.decode()
+                if name.startswith(WEIGHT) and t.type == 0:  # FLOAT32
+                    buf = model.buffers[t.buffer]
+                    self.found[name[len(WEIGHT):]] = (buf.offset, tuple(int(x) for x in t.shape))
+
+    def shape(self, name: str) -> tuple:
+        return self.found[name][1]
+
+    def __del__(self):
+        os.close(self.fd)
+
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        offset, shape = self.found[name]
+        width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        count = (stop - start) * width if shape else 1
+        raw = os.pread(self.fd, 4 * count, offset + 4 * start * width)  # a read, not the map: RSS stays flat
+        return np.frombuffer(raw, np.float32).reshape((stop - start, *shape[1:]) if shape else ())
+
+
+def checkpoint_resolver(keys) -> Callable[[str], str]:
+    """Module parameter name -> checkpoint key: the longest dotted suffix (of two parts at least) that names
+    exactly one key."""
+    keys = list(keys)
+
+    def resolve(name: str) -> str:
+        parts = name.split(".")
+        for i in range(max(1, len(parts) - 1)):  # the leaf and its module at least: "1.weight" names nothing
+            suffix = ".".join(parts[i:])
+            hits = [k for k in keys if k == suffix or k.endswith("." + suffix)]
+            if len(hits) == 1:
+                return hits[0]
+        raise KeyError(f"no checkpoint tensor for {name!r}")
+
+    return resolve

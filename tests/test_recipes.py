@@ -1,0 +1,68 @@
+"""Recipes as data (export/recipes.py): every table the exporter reads about a recipe is a Recipe field, so nothing
+else compares a recipe's name; a recipe registered there alone exports, passes the lossless check and is reported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from mtpkit.export import recipes
+
+ROOT = Path(__file__).resolve().parents[1]
+# attributes that hold an encoding's or a dtype's name (the same words as some recipes: "int8", "fp16"), not a recipe
+ENCODINGS = ("kind", "litert", "onnx")
+DTYPE_WORDS = ("dtype", "stored")
+
+
+def _strings(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(set(), *(_strings(e) for e in node.elts))
+    return set()
+
+
+def _about_an_encoding_or_dtype(operands: list[ast.AST]) -> bool:
+    return any((isinstance(n, ast.Attribute) and n.attr in ENCODINGS)
+               or any(word in ast.unparse(n) for word in DTYPE_WORDS) for n in operands)
+
+
+def recipe_names_compared(source: str, where: str) -> list[str]:
+    """Lines where a module compares a recipe name as a string, or keys a table by one (a dict literal whose keys
+    are recipe names), outside encodings' and dtypes' own names."""
+    names, found = set(recipes.RECIPES) | set(recipes.ALIASES), []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if set().union(*map(_strings, operands)) & names and not _about_an_encoding_or_dtype(operands):
+                found.append((node.lineno, f"{where}:{node.lineno} {ast.unparse(node)[:80]}"))
+        elif isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            if keys & names and not keys & {"float32", "bf16"}:  # encodings' and dtypes' own tables
+                found.append((node.lineno, f"{where}:{node.lineno} {ast.unparse(node)[:80]}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_no_module_but_the_recipe_table_compares_a_recipe_name():
+    modules = [p for folder in ("export", "mtpkit", "runtime") for p in sorted((ROOT / folder).rglob("*.py"))
+               if p != ROOT / "export" / "recipes.py"]
+    assert len(modules) > 50
+    assert [hit for p in modules for hit in recipe_names_compared(p.read_text(), str(p.relative_to(ROOT)))] == []
+
+
+def test_the_check_finds_a_recipe_name_compared():
+    source = ('def f(recipe, enc, dtype):\n    return recipe == "int4" or recipe in ("fp16",) or enc.kind == "int4" '
+              'or dtype == "fp32"\nTABLE = {"int8": 1}\n')
+    assert [hit.split(" ")[0] for hit in recipe_names_compared(source, "probe.py")] == ["probe.py:2"] * 2 + [
+        "probe.py:3"]
+
+
+def test_every_recipe_names_a_wider_recipe_and_an_encoding_for_each_backend():
+    for r in recipes.RECIPES.values():
+        assert r.wider is None or r.wider in recipes.RECIPES, r.name
+        assert r.onnx in ("float", "streamed", "fp16", "dynamic"), r.name
+        assert r.quantized == (r.litert is not None), r.name
+        assert r.litert_as is None or recipes.recipe(r.litert_as).litert == r.litert, r.name
+    assert [r.name for r in recipes.RECIPES.values() if not r.quantized] == ["fp32"]
