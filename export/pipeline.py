@@ -170,7 +170,6 @@ def _record_acceptance(manifest: Manifest, folder: Path, max_k: int = 8) -> Mani
 
 
 def _acceptance(manifest: Manifest, folder: Path, kind: str, max_k: int) -> list[float]:
-    from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import conditional_acceptance
 
@@ -181,7 +180,7 @@ def _acceptance(manifest: Manifest, folder: Path, kind: str, max_k: int) -> list
     for p in reference["prompts"]:
         cfg = GenConfig(max_new_tokens=len(p["greedy_ids"]), num_assistant_tokens=k, schedule="constant")
         if engine.target.positions_needed(len(p["prompt_ids"]), cfg.max_new_tokens) <= engine.kv.capacity:
-            runs.append(run_once(engine, p["prompt_ids"], cfg))
+            runs.append(engine.run(p["prompt_ids"], cfg))
     return [round(a or 0.0, 4) for a in conditional_acceptance(runs, k)] if runs else []
 
 

@@ -29,9 +29,10 @@ from typing import Callable
 
 from mtpkit.errors import MtpkitError
 from mtpkit.extras import require
-from mtpkit.runtime.peers import Peer, PeerOutput, PeerPrompt
 from mtpkit.runtime.quiet import output_captured
 from mtpkit.runtime.verified import VerifiedFiles, cache_dir
+
+from .peer_timing import Peer, PeerOutput, PeerPrompt
 
 # mtpkit recipe -> the GGUF types that match it most closely: same storage width, one scale per block of 32
 # (Q4_0, Q8_0) and, for int4, llama.cpp's usual mixed 4-bit type too (Q4_K_M: some tensors kept at 6 bits)
