@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mtpkit.errors import UsageError
-
 from mtpkit.runtime.auto import CostMeter, TimedDrafter, TimedTarget
 from mtpkit.runtime.cost_model import best_k, predict
 from mtpkit.runtime.engine import Engine, GenConfig
