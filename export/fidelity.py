@@ -74,7 +74,6 @@ def runtime_figures(export: Path | Manifest, reference: dict,
     and tokens per target call (speculative greedy, constant k = num_assistant_tokens capped by a static verify length,
     clean hand-off; recorded as `schedule` and `num_assistant_tokens`, whatever schedule the drafter's config names)."""
     from mtpkit.runtime.engine import Engine, GenConfig
-    from mtpkit.runtime.bench import run_once
 
     engine = Engine(export, threads=1, backend=backend, options=options)
     num_assistant_tokens = fit_draft(num_assistant_tokens, engine.max_draft)
@@ -86,8 +85,8 @@ def runtime_figures(export: Path | Manifest, reference: dict,
         prefix.append(first / n)
         if first < n:
             diverged[p["name"]] = first
-        stats = run_once(engine, p["prompt_ids"], GenConfig(max_new_tokens=n, num_assistant_tokens=num_assistant_tokens,
-                                                            schedule="constant"))
+        stats = engine.run(p["prompt_ids"], GenConfig(max_new_tokens=n, num_assistant_tokens=num_assistant_tokens,
+                                                      schedule="constant"))
         drafted, accepted, new, calls = (drafted + stats.drafted, accepted + stats.accepted,
                                          new + stats.new_tokens, calls + stats.target_calls)
     return {"greedy_prefix_match": float(np.mean(prefix)), "greedy_exact_prompts": sum(x == 1.0 for x in prefix),

@@ -185,7 +185,6 @@ def _record_acceptance(manifest: Manifest, options: LoadOptions, max_k: int = 8)
 
 
 def _acceptance(manifest: Manifest, kind: str, max_k: int, options: LoadOptions) -> list[float]:
-    from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import conditional_acceptance
 
@@ -196,7 +195,7 @@ def _acceptance(manifest: Manifest, kind: str, max_k: int, options: LoadOptions)
     for p in reference["prompts"]:
         cfg = GenConfig(max_new_tokens=len(p["greedy_ids"]), num_assistant_tokens=k, schedule="constant")
         if engine.target.positions_needed(len(p["prompt_ids"]), cfg.max_new_tokens) <= engine.kv.capacity:
-            runs.append(run_once(engine, p["prompt_ids"], cfg))
+            runs.append(engine.run(p["prompt_ids"], cfg))
     return [round(a or 0.0, 4) for a in conditional_acceptance(runs, k)] if runs else []
 
 

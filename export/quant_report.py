@@ -221,7 +221,6 @@ def _speeds(cases: dict, reference: dict, max_new_tokens: int, repeats: int) -> 
     interleaved across every (backend, pair)."""
     from tqdm import tqdm
 
-    from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
 
     engines = {case: Engine(folder, backend=case[0]) for case, folder in cases.items()}
@@ -233,7 +232,7 @@ def _speeds(cases: dict, reference: dict, max_new_tokens: int, repeats: int) -> 
     for round_ in tqdm(range(repeats + 1), desc="timing", unit="round"):
         for case, engine in engines.items():
             for mode, cfg in modes(engine).items():
-                stats = [run_once(engine, ids, cfg) for ids in prompts]
+                stats = [engine.run(ids, cfg) for ids in prompts]
                 if round_:  # round 0 warms up every session
                     decode = sum(s.total_s - s.ttft_s for s in stats) / sum(max(1, s.new_tokens - 1) for s in stats)
                     times[(case, mode)].append(1e3 * decode)

@@ -130,6 +130,13 @@ class Engine:
                              f"export's KV capacity of {self.kv.capacity} tokens; shorten them or re-export with a "
                              "larger --max-cache-len")
 
+    def run(self, prompt_ids: list[int], cfg: GenConfig) -> Stats:
+        """Generate to the end for the stats alone (timings, acceptance, calls); the tokens are dropped."""
+        stats = Stats()
+        for _ in self.generate(prompt_ids, cfg, stats):
+            pass
+        return stats
+
     def generate(self, prompt_ids: list[int], cfg: GenConfig, stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
         """Yields (token, from_draft); fills stats (timings, acceptance, calls) as it goes."""
         self.check_request(prompt_ids, cfg)

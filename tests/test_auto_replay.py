@@ -16,7 +16,6 @@ def replay_tool(tool):
 
 
 def test_replayed_rounds_equal_a_real_greedy_run_at_every_constant_k(replay_tool, tiny_exports):
-    from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
 
     engine = Engine(tiny_exports(NAME), 1)
@@ -24,7 +23,7 @@ def test_replayed_rounds_equal_a_real_greedy_run_at_every_constant_k(replay_tool
     runs = replay_tool.accepted_runs(engine, ids, 20)
     costs = Costs(draft=1e-4, target=(1e-3,) * 9)
     for k in (1, 3, 8):
-        real = run_once(engine, ids, GenConfig(max_new_tokens=len(runs) + 1, num_assistant_tokens=k))
+        real = engine.run(ids, GenConfig(max_new_tokens=len(runs) + 1, num_assistant_tokens=k))
         _, rounds = replay_tool.replay(costs, runs, len(runs) + 1, k, lambda n, d, k=k: k)
         assert [r for r in rounds if r[0]] == real.per_round, k
 
@@ -43,7 +42,6 @@ def test_replay_prices_rounds_and_counts_tokens(replay_tool):
 def test_replay_premise_holds_on_a_static_verify_graph(replay_tool, litert_exports):
     """On LiteRT (verify graph of one static length, prefill returning only its last row) the oracle drafts as
     deep as the verify takes, and its rounds still equal a real greedy run's."""
-    from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
 
     engine = Engine(litert_exports(NAME), 1, "litert")
@@ -54,6 +52,6 @@ def test_replay_premise_holds_on_a_static_verify_graph(replay_tool, litert_expor
     assert max(runs) <= depth
     costs = Costs(draft=1e-4, target=(1e-3,) * (depth + 1))
     for k in (1, depth):
-        real = run_once(engine, ids, GenConfig(max_new_tokens=len(runs) + 1, num_assistant_tokens=k))
+        real = engine.run(ids, GenConfig(max_new_tokens=len(runs) + 1, num_assistant_tokens=k))
         _, rounds = replay_tool.replay(costs, runs, len(runs) + 1, k, lambda n, d, k=k: k)
         assert [r for r in rounds if r[0]] == real.per_round, k

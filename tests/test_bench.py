@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from mtpkit.runtime.bench import BenchConfig, BenchPrompt, load_prompts
-from mtpkit.runtime.bench_report import Progress, to_markdown, write_report
+from mtpkit.bench.report import Progress, to_markdown, write_report
+from mtpkit.bench.sweep import BenchConfig, BenchPrompt, load_prompts
 
 
 def test_prompts_file_lines_are_checked_and_named(tmp_path):
@@ -77,7 +77,7 @@ def test_progress_only_on_a_terminal_and_not_quiet():
 
 @pytest.fixture(scope="module")
 def report(tiny_exports):
-    from mtpkit.runtime.bench import run_bench
+    from mtpkit.bench.sweep import run_bench
 
     prompts = [BenchPrompt("code", "f", "def f(x):"), BenchPrompt("prose", "p", "Once upon a time")]
     return run_bench(tiny_exports("e2b_gemma4_centroid"), BenchConfig(repeats=1, max_new_tokens=8, max_k=3), prompts,
@@ -146,7 +146,6 @@ def test_run_refuses_bad_draft_lengths(tiny_exports, args, needle):
 
 @pytest.mark.slow
 def test_greedy_output_is_the_same_for_plain_auto_and_every_k(tiny_exports):
-    from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
 
     engine = Engine(tiny_exports("e2b_gemma4_centroid"), threads=1)
@@ -159,4 +158,4 @@ def test_greedy_output_is_the_same_for_plain_auto_and_every_k(tiny_exports):
     assert tokens(GenConfig(max_new_tokens=20)) == want  # auto (the default)
     for k in range(1, 9):
         assert tokens(GenConfig(max_new_tokens=20, num_assistant_tokens=k, schedule="constant")) == want, k
-    assert run_once(engine, ids, GenConfig(max_new_tokens=20, num_assistant_tokens="auto")).drafted >= 1
+    assert engine.run(ids, GenConfig(max_new_tokens=20, num_assistant_tokens="auto")).drafted >= 1

@@ -142,20 +142,20 @@ def test_fidelity_measures_acceptance_with_constant_k_whatever_the_drafter_confi
     import shutil
 
     from mtpkit.export import fidelity
-    from mtpkit.runtime import bench
+    from mtpkit.runtime.engine import Engine
 
     folder = tmp_path / "export"
     shutil.copytree(tiny_exports("e2b_gemma4_centroid"), folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["generation"]["num_assistant_tokens_schedule"] = "heuristic"
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    kinds, run_once = [], bench.run_once
+    kinds, run = [], Engine.run
 
     def spy(engine, ids, cfg, *args, **kw):
         kinds.append((engine.schedule(cfg).kind, engine.schedule(cfg).k))
-        return run_once(engine, ids, cfg, *args, **kw)
+        return run(engine, ids, cfg, *args, **kw)
 
-    monkeypatch.setattr(bench, "run_once", spy)
+    monkeypatch.setattr(Engine, "run", spy)
     reference = json.loads((folder / "reference.json").read_text())
     figures = fidelity.runtime_figures(folder, reference, num_assistant_tokens=2)
     assert kinds and set(kinds) == {("constant", 2)}

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from mtpkit import cli, extras
-from mtpkit.runtime import peers as lib
-from mtpkit.runtime.peers import Peer, PeerOutput, PeerPrompt
+from mtpkit.bench import peer_timing as lib
+from mtpkit.bench.peer_timing import Peer, PeerOutput, PeerPrompt
 
 PROMPTS = [PeerPrompt("code/a", "a", (2, 10)), PeerPrompt("prose/b", "b", (2, 11))]
 REFERENCE = "mtpkit onnx plain"  # the first of mtpkit's own rows: every other row's tokens are compared with it

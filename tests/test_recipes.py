@@ -66,3 +66,42 @@ def test_every_recipe_names_a_wider_recipe_and_an_encoding_for_each_backend():
         assert r.quantized == (r.litert is not None), r.name
         assert r.litert_as is None or recipes.recipe(r.litert_as).litert == r.litert, r.name
     assert [r.name for r in recipes.RECIPES.values() if not r.quantized] == ["fp32"]
+
+
+@pytest.mark.slow
+def test_a_recipe_registered_in_the_table_alone_exports_runs_losslessly_and_is_reported(
+        tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    """An int8 variant with its own name and gate, added to RECIPES and nowhere else: `mtpkit export --quant` takes
+    it, the manifest and the fidelity file carry it, speculative greedy equals plain greedy on it (up to near-ties,
+    as every int8 graph), and `quant-report` measures it beside fp32."""
+    import json
+
+    from test_quantize import assert_equal_but_near_ties
+
+    from mtpkit import cli
+    from mtpkit.export.quant_report import quant_report
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+    lenient = recipes.Recipe("int8-lenient", bits=8, table_bits=8, gate=0.5, wider="int8", bytes_per_weight=1,
+                             blockwise=True, onnx="streamed", litert="int8")
+    monkeypatch.setitem(recipes.RECIPES, lenient.name, lenient)
+    target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
+    out = tmp_path / "lenient"
+    assert cli.main(["-q", "export", str(target), "--drafter", str(drafter), "--out", str(out), "--quant",
+                     lenient.name, "--no-check", "--reference-tokens", "8", "--max-cache-len", "128"]) == 0
+    capsys.readouterr()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {g["recipe"] for g in manifest["backends"]["onnx"]["graphs"].values()} == {lenient.name}
+    assert json.loads((out / "quant_fidelity.json").read_text())["onnx"]["gate"]["top1_agreement_min"] == 0.5
+    engine, reference = Engine(out, threads=1), json.loads((out / "reference.json").read_text())
+    for p in reference["prompts"]:
+        ids, n = p["prompt_ids"], len(p["greedy_ids"])
+        plain = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=n, mtp=False))]
+        spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=n, num_assistant_tokens=3))]
+        assert_equal_but_near_ties(engine, ids, spec, plain)
+    report = quant_report(str(target), str(drafter), tmp_path / "report", [lenient.name], [lenient.name],
+                          max_cache_len=128, max_new_tokens=4, repeats=1)
+    rows = {(r["target_recipe"], r["drafter_recipe"]): r for r in report["rows"]}
+    assert set(rows) == {("fp32", "fp32"), (lenient.name, lenient.name)}
+    assert 0 < rows[(lenient.name, lenient.name)]["teacher_forced"]["top1_agreement"] <= 1
+    assert f"| onnx | {lenient.name} | {lenient.name} |" in (tmp_path / "report" / "report.md").read_text()

@@ -1,15 +1,18 @@
 """The rooms: the runtime is torch-free (a runtime-only install is numpy + onnxruntime + tokenizers + jinja2) and
-never imports the exporter or the package root; tooling that needs both lives in mtpkit/bench/.
+never imports the exporter or the package root; measuring it (the bench, its peers, read bandwidth) lives in
+mtpkit/bench/, which may import both.
 
 The import rule, checked statically on every import statement (inside functions and TYPE_CHECKING blocks too):
 a module under runtime/ imports, of mtpkit, only mtpkit.runtime.* and the leaf modules mtpkit.errors and
 mtpkit.extras, which import nothing of mtpkit but each other. So not the package root (`import mtpkit`, `from mtpkit
 import ...`), mtpkit.api, mtpkit.cli, mtpkit.tiny, mtpkit.export or mtpkit.bench. It imports no private name
-(`_x`) of another module either. The exporter and the tiny models never import the CLI dispatcher, the API or
-mtpkit.bench (and the exporter not the tiny models).
+(`_x`) of another module either. The exporter never imports the CLI dispatcher, the API, mtpkit.bench or the tiny
+models; the tiny models (the demo times with mtpkit.bench) not the CLI dispatcher or the API, and mtpkit.bench not
+the tiny models. No module under runtime/ is named for, defines or imports bench, peer or bandwidth code.
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,9 +104,12 @@ def test_runtime_imports_no_private_name_of_another_module():
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("folder", ["export", "mtpkit/tiny"])
-def test_the_exporter_and_the_tiny_models_stay_out_of_the_cli_api_and_bench(folder):
-    rooms = ("mtpkit.cli", "mtpkit.api", "mtpkit.bench") + (("mtpkit.tiny",) if folder == "export" else ())
+@pytest.mark.parametrize("folder,rooms", [
+    ("export", ("mtpkit.cli", "mtpkit.api", "mtpkit.bench", "mtpkit.tiny")),
+    ("mtpkit/tiny", ("mtpkit.cli", "mtpkit.api")),
+    ("mtpkit/bench", ("mtpkit.cli", "mtpkit.api", "mtpkit.tiny")),
+])
+def test_the_exporter_the_tiny_models_and_the_bench_import_only_their_rooms(folder, rooms):
     bad = [f"{p.relative_to(ROOT)}:{line} imports {module}" for p in sources(folder)
            for module, _, line in imports(p) if any(module == r or module.startswith(r + ".") for r in rooms)]
     assert not bad, "\n".join(bad)
@@ -131,3 +137,42 @@ def test_runtime_backends_keep_no_module_level_state():
                 found.append(f"{path.name}:{node.lineno}")
         found += [f"{path.name}:{n.lineno} global" for n in ast.walk(tree) if isinstance(n, ast.Global)]
     assert found == []
+
+
+BENCH_WORDS = {"bench", "peer", "peers", "bandwidth"}
+
+
+def _words(name: str) -> set[str]:
+    """The words of a snake_case or CamelCase name, lower-cased: `PeerPrompt` -> {peer, prompt}."""
+    return {w.lower() for part in name.split("_") for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+", part)}
+
+
+def bench_names(path: Path, name: str | None = None) -> list[str]:
+    """`line: name` of every class, function or variable the file defines, and every module or name it imports,
+    that is named for bench, peer or bandwidth code (or is the LiteRT-LM API, a peer)."""
+    found = [(module.rpartition(".")[2], line) for module, _, line in imports(path, name)]
+    found += [(n, line) for _, n, line in imports(path, name) if n]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append((node.name, node.lineno))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            found.append((node.id, node.lineno))
+    return [f"{line}: {n}" for n, line in found if _words(n) & BENCH_WORDS or n == "litert_lm"]
+
+
+def test_the_runtime_holds_no_bench_peer_or_bandwidth_code():
+    named = [str(p.relative_to(ROOT)) for p in sources("runtime")
+             if _words(p.stem) & BENCH_WORDS or "litert_lm" in p.stem]
+    assert not named, f"bench, peer and bandwidth code belongs in mtpkit/bench/, not in the runtime: {named}"
+    bad = [f"{p.relative_to(ROOT)}:{hit}" for p in sources("runtime") for hit in bench_names(p)]
+    assert not bad, "the runtime defines or imports bench, peer or bandwidth code:\n" + "\n".join(bad)
+
+
+def test_the_bench_code_check_sees_definitions_and_imports(tmp_path):
+    """The rule's own check: a backend's `peers` hook, a `Peer` import, a `PEERS` name and a LiteRT-LM import count;
+    words that merely contain the letters (TypeError) do not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from ..peer_timing import Peer\nPEERS = 'x'\n\ndef peers(stack):\n    import litert_lm\n"
+                     "    read_bandwidth = 1\n\nclass TypeError2(TypeError):\n    pass\n")
+    assert sorted(bench_names(probe, "mtpkit.runtime.backends.probe")) == [
+        "1: Peer", "1: peer_timing", "2: PEERS", "4: peers", "5: litert_lm", "6: read_bandwidth"]

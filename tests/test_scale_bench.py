@@ -1,4 +1,5 @@
-"""tools/scale_bench.py and runtime/bandwidth.py: the bytes accounting and the report's schema; no timing asserted."""
+"""tools/scale_bench.py and mtpkit/bench/bandwidth.py: the bytes accounting and the report's schema; no timing
+asserted."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpkit.runtime import bandwidth
+from mtpkit.bench import bandwidth
 from mtpkit.runtime.manifest import load_manifest
 
 NAME = "e2b_gemma4_centroid"

@@ -68,15 +68,15 @@ def replay(costs, runs: list[int], new_tokens: int, first_k: int, update) -> tup
 def measured_costs(engine, prompts: list[list[int]], max_new_tokens: int):
     """The export's call costs from constant-k and plain runs of the first prompts (medians of every call)."""
     from mtpkit.runtime.auto import CostMeter
-    from mtpkit.runtime.bench import metered, run_once
+    from mtpkit.bench.sweep import metered
     from mtpkit.runtime.engine import GenConfig
 
     depth = oracle_depth(engine)
     with metered(engine, CostMeter(alpha=None)) as meter:
         for ids in prompts[:4]:
             for k in sorted(k for k in {1, 2, 4, 6, 8, depth} if k <= depth):
-                run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=k))
-            run_once(engine, ids, GenConfig(max_new_tokens=max_new_tokens, mtp=False))
+                engine.run(ids, GenConfig(max_new_tokens=max_new_tokens, num_assistant_tokens=k))
+            engine.run(ids, GenConfig(max_new_tokens=max_new_tokens, mtp=False))
     return meter.costs(depth + 1)
 
 
@@ -135,7 +135,7 @@ def main() -> None:
 
 def _texts(which: str) -> list[str]:
     if which == "bench":
-        from mtpkit.runtime.bench import PROMPTS
+        from mtpkit.bench.sweep import PROMPTS
 
         return [q.text for q in PROMPTS]
     import json

@@ -13,7 +13,7 @@ import argparse
 import json
 import statistics
 
-from mtpkit.runtime.bench import PROMPTS, ms_per_token, run_once
+from mtpkit.bench.sweep import PROMPTS, ms_per_token
 from mtpkit.runtime.engine import Engine, GenConfig
 
 
@@ -39,7 +39,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for mode, cfg in modes.items():
                 engine = Engine(args.export, args.threads)
-                stats = run_once(engine, ids, cfg)
+                stats = engine.run(ids, cfg)
                 threads[mode].add(str(engine.threads))
                 ms[mode].append(ms_per_token(stats))
                 if mode == "auto":

@@ -14,7 +14,7 @@ run, and the cost model's predicted speculative ms/token for a given acceptance 
   times one export after the other instead (full-size exports that do not fit in memory together).
 - weights a decode reads: the weights of every weight-multiplying op in the target's decode graph (LiteRT:
   FULLY_CONNECTED; ONNX: tools/scale_bench.py's accounting); gathered tables (embeddings, per-layer embeddings)
-  are not counted. bound = those bytes / this machine's read bandwidth (runtime/bandwidth.py, 1 GiB, best
+  are not counted. bound = those bytes / this machine's read bandwidth (mtpkit/bench/bandwidth.py, 1 GiB, best
   pass); bandwidth fraction = bound / measured decode.
 - predicted (runtime/cost_model.py, host terms 0): per export the best k and its ms/token; "vs fastest plain"
   divides it by the lowest decode ms/token in the table, i.e. what speculation on that export gives against the
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(specs, args.threads, args.past, args.rounds, args.max_k, args.sequential)
     gbps = None
     if not args.no_bandwidth:
-        from mtpkit.runtime import bandwidth
+        from mtpkit.bench import bandwidth
 
         gbps = bandwidth.read_bandwidth(threads=args.threads or 1, size=1 << 30, repeats=3).gbps
     profiles = profiles_of(args)

@@ -16,7 +16,6 @@ import json
 import pstats
 import time
 
-from mtpkit.runtime.bench import run_once
 from mtpkit.runtime.engine import Engine, GenConfig
 
 MODES = {"plain": GenConfig(mtp=False), "k4": GenConfig(num_assistant_tokens=4, schedule="constant"),
@@ -57,7 +56,7 @@ def main() -> None:
             for ids in prompts:
                 clock[:] = [0.0, 0.0]
                 cpu = time.thread_time()
-                stats = run_once(engine, ids, MODES[m])
+                stats = engine.run(ids, MODES[m])
                 if rep:
                     for i, x in enumerate((stats.total_s, clock[0], time.thread_time() - cpu, clock[1])):
                         totals[m][i] += x
@@ -70,7 +69,7 @@ def main() -> None:
         prof = cProfile.Profile()
         prof.enable()
         for ids in prompts * 3:
-            run_once(engine, ids, MODES[args.profile])
+            engine.run(ids, MODES[args.profile])
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 

@@ -79,7 +79,7 @@ def main() -> int:
     import atexit
 
     import litert_lm
-    from mtpkit.runtime.backends.litert_lm import _silent_exit
+    from mtpkit.bench.litert_lm import _silent_exit
     from mtpkit.runtime.manifest import load_manifest
 
     atexit.register(_silent_exit)  # LiteRT-LM logs its teardown on fd 2 after everything is printed

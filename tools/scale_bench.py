@@ -11,7 +11,7 @@ speed-up per draft length, and what the export itself cost. Not run in CI.
 - bytes a decode call must read: every initializer a weight-multiplying op (MatMul, MatMulNBits, Gemm, ...)
   reads, the LM head included, plus the KV windows the call is fed. Embedding and per-layer-embedding tables
   that are only gathered (one row per token) are not counted. The drafter step is accounted the same way.
-- bound = bytes / read bandwidth (runtime/bandwidth.py, `reduce` method, best pass, over 2 GiB); decode's
+- bound = bytes / read bandwidth (mtpkit/bench/bandwidth.py, `reduce` method, best pass, over 2 GiB); decode's
   fraction of it = bound / measured. Also measured over a buffer the size of the decode's weights: when that
   figure is much higher, the weights fit in a cache and the DRAM bound understates what is reachable.
 - export cost: manifest.json's `measured` entry (export/phases.py: per-phase wall time and peak RSS), file sizes.
@@ -28,8 +28,8 @@ import os
 import sys
 from pathlib import Path
 
+from mtpkit.bench import bandwidth
 from mtpkit.export.backends.onnx.bench import _feeds, time_interleaved
-from mtpkit.runtime import bandwidth
 from mtpkit.runtime.backends import onnx as ort_backend
 from mtpkit.runtime.cost_model import Costs, predict
 from mtpkit.runtime.manifest import Manifest, load_manifest
@@ -261,7 +261,7 @@ def _latency_lines(r: dict) -> list[str]:
 
 
 def _bound_lines(r: dict) -> list[str]:
-    lines = ["## Bandwidth bound (runtime/bandwidth.py)", "",
+    lines = ["## Bandwidth bound (mtpkit/bench/bandwidth.py)", "",
              "| threads | reduce GB/s (median) | gemv GB/s (median) | decode bound ms | decode / bound | "
              "draft bound ms | draft / bound |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for n, row in r["bound"]["per_threads"].items():

@@ -16,8 +16,8 @@ import time
 
 import onnxruntime as ort
 
+from mtpkit.bench.sweep import ms_per_token
 from mtpkit.runtime.backends import onnx as ob
-from mtpkit.runtime.bench import ms_per_token, run_once
 from mtpkit.runtime.engine import Engine, GenConfig
 
 
@@ -82,7 +82,7 @@ def main() -> None:
     rows = {name: {} for name in settings}
     for rep in range(args.repeats + 1):  # the first pass warms up
         for name, engine in engines.items():
-            results = {**per_call(engine, ids), **{m: ms_per_token(run_once(engine, ids, c)) / 1e3
+            results = {**per_call(engine, ids), **{m: ms_per_token(engine.run(ids, c)) / 1e3
                                                    for m, c in modes.items()}}
             for key, value in results.items():
                 if rep:

@@ -1,10 +1,11 @@
-"""`mtpkit bench`: the runtime's bench (runtime/bench.py) and, with --peers, the runtimes a user would otherwise
-run, timed beside it (peers.py).
+"""`mtpkit bench`: plain, auto and every draft length on one export's graphs (sweep.py, report.py) and, with
+--peers, the runtimes a user would otherwise run, timed beside it (peers.py).
 
-This package is the room for tooling that needs both the runtime and the exporter: the transformers peers load
-the checkpoints the way the exporter does (torch). It may import mtpkit.runtime and mtpkit.export; neither
-imports it (tests/test_runtime_isolation.py). Only the standard library is imported here at module level, and
-the exporter only with --peers, so `mtpkit bench` works in the runtime-only install.
+This package is the room for measuring the runtime: the bench, its peers and this machine's read bandwidth
+(bandwidth.py, for tools/). It may import mtpkit.runtime and mtpkit.export (the transformers peers load the
+checkpoints the way the exporter does, with torch); neither imports it (tests/test_runtime_isolation.py). Only the
+standard library is imported here at module level, and the exporter only with --peers, so `mtpkit bench` works in
+the runtime-only install.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mtpkit.runtime.bench import BenchConfig, load_prompts, run_bench
-    from mtpkit.runtime.bench_report import Progress, print_bench, write_report
+    from .report import Progress, print_bench, write_report
+    from .sweep import BenchConfig, load_prompts, run_bench
 
     run_peers = _peers(args) if args.peers else None  # first: without the [export] extra, one line at once
     cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens, max_k=args.max_k,

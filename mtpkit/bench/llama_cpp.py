@@ -29,9 +29,10 @@ from typing import Callable
 
 from mtpkit.errors import MtpkitError
 from mtpkit.extras import require
-from mtpkit.runtime.peers import Peer, PeerOutput, PeerPrompt
 from mtpkit.runtime.quiet import output_captured
 from mtpkit.runtime.verified import VerifiedFiles, cache_dir
+
+from .peer_timing import Peer, PeerOutput, PeerPrompt
 
 CONVERTER_TYPES = {"F32": "f32", "F16": "f16", "Q8_0": "q8_0"}  # convert_hf_to_gguf.py --outtype
 QUANTIZER_TYPES = {"Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}  # llama_cpp names

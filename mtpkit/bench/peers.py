@@ -3,11 +3,11 @@
 - transformers PyTorch CPU generate(), greedy, plain and with assistant_model=drafter, on the checkpoints the
   manifest's `source` entry names, loaded as the exporter loads them (export/reference.py); compared with mtpkit
   on the export's first backend.
-- each backend's own runtime where its runtime module has one (runtime/backends/__init__.py: peers), e.g.
-  LiteRT-LM on the export's .litertlm bundle, speculative decoding off and on.
+- each backend's own runtime where it has one (OWN_RUNTIMES), e.g. LiteRT-LM on the export's .litertlm bundle,
+  speculative decoding off and on (litert_lm.py).
 - llama.cpp (the [llama-cpp] extra) on the target checkpoint converted by llama.cpp's own converter, plain
   greedy, compared with mtpkit plain on the export's first backend (llama_cpp.py); a note when not installed.
-The measurement and the report are runtime/peers.py's; this module only builds the peers.
+The measurement and the report are peer_timing.py's; this module only builds the peers.
 """
 
 from __future__ import annotations
@@ -17,15 +17,19 @@ import os
 
 from mtpkit.export.scoped import import_quietly, output_captured, patched
 from mtpkit.extras import MissingExtraError
-from mtpkit.runtime import peers as lib
-from mtpkit.runtime.backends import backend_module
 from mtpkit.runtime.engine import Engine, GenConfig
-from mtpkit.runtime.peers import Peer, PeerOutput, PeerPrompt
 from mtpkit.runtime.roles import BACKENDS
+
+from . import peer_timing as lib
+from .litert_lm import litert_lm_peers
+from .peer_timing import Peer, PeerOutput, PeerPrompt
+
+# a backend's own runtime, timed beside mtpkit's rows on that backend: kind -> (its name in notes, its peers)
+OWN_RUNTIMES = {"litert": ("LiteRT-LM", litert_lm_peers)}
 
 
 def run_peers(engine: Engine, prompts: list[PeerPrompt], cfg, threads: int | None = None, progress=None) -> dict:
-    """The `peers` section of `mtpkit bench --peers` (runtime/peers.py section()).
+    """The `peers` section of `mtpkit bench --peers` (peer_timing.py section()).
 
     engine: the bench's open Engine (the export's other backends are opened beside it); cfg: its BenchConfig;
     threads: --threads, given to every peer when set. Otherwise mtpkit keeps its own per-graph pick, torch and
@@ -85,9 +89,9 @@ def _engines(engine: Engine, threads: int | None) -> tuple[dict, list[str]]:
     engines, notes = {engine.backend.kind: engine}, []
     for kind in BACKENDS:
         if kind not in engine.manifest.backends:
-            if hasattr(backend_module(kind), "peers"):
+            if kind in OWN_RUNTIMES:
                 wanted = ",".join([*engine.manifest.backends, kind])
-                notes.append(f"no {backend_module(kind).PEERS} rows: this export has no {kind} graphs (export with "
+                notes.append(f"no {OWN_RUNTIMES[kind][0]} rows: this export has no {kind} graphs (export with "
                              f"--backend {wanted})")
             continue
         if kind in engines:
@@ -102,14 +106,14 @@ def _engines(engine: Engine, threads: int | None) -> tuple[dict, list[str]]:
 
 def _backend_peers(kind: str, manifest, threads: int | None, max_new_tokens: int, stack: contextlib.ExitStack,
                    notes: list[str]) -> list[Peer]:
-    """The backend's own runtime as peers (runtime/backends/<kind>.py peers), if it has one and it is installed."""
-    module = backend_module(kind)
-    if not hasattr(module, "peers"):
+    """The backend's own runtime as peers (OWN_RUNTIMES), if it has one and it is installed."""
+    if kind not in OWN_RUNTIMES:
         return []
+    name, peers = OWN_RUNTIMES[kind]
     try:
-        return module.peers(manifest, threads, max_new_tokens, stack)
+        return peers(manifest, threads, max_new_tokens, stack)
     except MissingExtraError as e:
-        notes.append(f"{module.PEERS} rows skipped: {e}")
+        notes.append(f"{name} rows skipped: {e}")
         return []
 
 

@@ -132,7 +132,7 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
     import statistics
 
     from mtpkit.runtime.auto import CostMeter
-    from mtpkit.runtime.bench import metered
+    from mtpkit.bench.sweep import metered
     from mtpkit.runtime.engine import Engine
     from mtpkit.runtime.speculative import fit_draft
     from mtpkit.runtime.stats import tokens_per_target_call
@@ -160,7 +160,7 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
 
 
 def _prompt_row(engine, category: str, text: str, max_new_tokens: int, repeats: int, k: int) -> dict:
-    from mtpkit.runtime.bench import BenchConfig, bench_prompt
+    from mtpkit.bench.sweep import BenchConfig, bench_prompt
     from mtpkit.runtime.engine import GenConfig
     from mtpkit.runtime.stats import Stats
 

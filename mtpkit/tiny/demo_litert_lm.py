@@ -3,8 +3,8 @@ model.litertlm with speculative decoding off and on, on the demo's held-out prom
 
 mtpkit's own LiteRT backend is the desktop reference (parity, the cost model); what a phone runs is LiteRT-LM,
 whose speculative decoding reads the bundle's MTP drafter section. Its rows come from `mtpkit bench --peers`
-(runtime/backends/litert_lm.py, runtime/peers.py): every repeat runs every prompt with speculation off, then on,
-so both see the same machine load; ms/token is the whole call's wall time over its new tokens (prefill included).
+(mtpkit/bench/litert_lm.py, mtpkit/bench/peer_timing.py): every repeat runs every prompt with speculation off, then
+on, so both see the same machine load; ms/token is the whole call's wall time over its new tokens (prefill included).
 Reported, never asserted.
 """
 
@@ -22,14 +22,14 @@ def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: i
     unless given, as mtpkit's LiteRT backend."""
     from importlib.metadata import version
 
-    from mtpkit.runtime import peers as lib
-    from mtpkit.runtime.backends import litert
+    from mtpkit.bench import peer_timing as lib
+    from mtpkit.bench.litert_lm import litert_lm_peers
     from mtpkit.runtime.manifest import load_manifest
     from mtpkit.runtime.quiet import output_captured
 
     prompts = [lib.PeerPrompt(str(i), text, ()) for i, text in enumerate(texts)]
     with contextlib.ExitStack() as stack:
-        plain, spec = litert.peers(load_manifest(out), threads, max_new_tokens, stack)
+        plain, spec = litert_lm_peers(load_manifest(out), threads, max_new_tokens, stack)
         with output_captured("LiteRT-LM's first calls"):
             lib.warm_up([plain, spec], prompts[0])
         runs = lib.measure([plain, spec], prompts, repeats)
@@ -43,8 +43,9 @@ def litert_lm_check(out: Path, texts: list[str], max_new_tokens: int, repeats: i
 
 
 def _agree(plain: str | None, spec: str | None) -> bool:
-    """Both have text and it agrees (runtime/peers.py texts_agree: a last draft round may run past the other)."""
-    from mtpkit.runtime.peers import texts_agree
+    """Both have text and it agrees (mtpkit/bench/peer_timing.py texts_agree: a last draft round may run past the
+    other)."""
+    from mtpkit.bench.peer_timing import texts_agree
 
     return bool(plain and spec) and texts_agree(plain, spec)
 

@@ -7,8 +7,6 @@ Each module `runtime/backends/<kind>.py` provides
   runtime (reported as a damaged export, not as a bug in mtpkit);
 - optionally `check_options(options: dict, where: str)`, raising ManifestError for backend options it cannot
   use (runtime/schema.py calls it when the manifest is read);
-- optionally `peers(manifest, threads, max_new_tokens, stack) -> list[runtime.peers.Peer]`: the format's own
-  runtime, timed beside mtpkit by `mtpkit bench --peers`, and `PEERS`, their name for the report.
 `load` passes every graph it opens through `check_signatures` (below) before the graph's first call.
 """
 

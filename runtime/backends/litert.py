@@ -21,11 +21,8 @@ import numpy as np
 
 from ..handoff import CacheFullError, LastCall, Ranges, drafter_ranges
 from ..manifest import Backend, Manifest, Signature
-from ..peers import Peer
 from ..quiet import output_captured
 from . import Drafter, Feeds, GraphTensors, LoadOptions, Target, check_signatures
-
-PEERS = "LiteRT-LM"  # the runtime the Android app ships, timed beside this backend by `mtpkit bench --peers`
 
 
 def interpreter_options(options: LoadOptions) -> dict[str, Any]:
@@ -42,13 +39,6 @@ def interpreter_options(options: LoadOptions) -> dict[str, Any]:
 def default_threads(threads: int | None) -> int:
     """Every graph runs with --threads, else all cores (LiteRT-LM, a peer, gets the same)."""
     return threads or os.cpu_count() or 1
-
-
-def peers(manifest: Manifest, threads: int | None, max_new_tokens: int, stack: contextlib.ExitStack) -> list[Peer]:
-    """LiteRT-LM on the export's .litertlm bundle, speculative decoding off and on (runtime/backends/litert_lm.py)."""
-    from .litert_lm import litert_lm_peers
-
-    return litert_lm_peers(manifest, default_threads(threads), max_new_tokens, stack)
 
 
 class LiteRtSession:

@@ -1,5 +1,5 @@
 """LiteRT-LM, the runtime the Android app ships, as a peer of the LiteRT backend in `mtpkit bench --peers` and in
-`mtpkit demo --backend onnx,litert` (runtime/peers.py measures and reports; this module only builds the peers)."""
+`mtpkit demo --backend onnx,litert` (peer_timing.py measures and reports; this module only builds the peers)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ import sys
 from typing import Any, Callable
 
 from mtpkit.extras import require
+from mtpkit.runtime.backends.litert import default_threads
+from mtpkit.runtime.manifest import Manifest
+from mtpkit.runtime.quiet import output_captured
 
-from ..manifest import Manifest
-from ..peers import Peer, PeerOutput, PeerPrompt
-from ..quiet import output_captured
+from .peer_timing import Peer, PeerOutput, PeerPrompt
 
 
-def litert_lm_peers(manifest: Manifest, threads: int, max_new_tokens: int, stack: contextlib.ExitStack) -> list[Peer]:
-    """LiteRT-LM on model.litertlm with speculative decoding off and on (baselines: mtpkit litert plain / spec).
+def litert_lm_peers(manifest: Manifest, threads: int | None, max_new_tokens: int,
+                    stack: contextlib.ExitStack) -> list[Peer]:
+    """LiteRT-LM on model.litertlm with speculative decoding off and on (baselines: mtpkit litert plain / spec);
+    threads: --threads, else what mtpkit's LiteRT backend uses.
 
     Its engines log to fd 2 from C++ when they open and close; that output goes to the DEBUG log, not the
     terminal. The engines close when `stack` does.
@@ -25,6 +28,7 @@ def litert_lm_peers(manifest: Manifest, threads: int, max_new_tokens: int, stack
     require("litert", "the LiteRT-LM peers", ("litert_lm",))
     import litert_lm  # type: ignore[import-untyped, import-not-found, unused-ignore]  # no type information
 
+    threads = default_threads(threads)
     path = str(manifest.path(manifest.backend("litert").graphs["bundle"].file))
     atexit.register(_silent_exit)
     peers = []

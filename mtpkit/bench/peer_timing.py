@@ -1,7 +1,7 @@
 """`mtpkit bench --peers`: mtpkit beside the runtimes a user would otherwise run, on the same prompts (torch-free).
 
-A peer is a name and a callable prompt -> PeerOutput; the transformers peers live in mtpkit/bench/peers.py, a
-backend's own runtime in its runtime module (runtime/backends/__init__.py: peers).
+A peer is a name and a callable prompt -> PeerOutput; peers.py picks them and builds the transformers ones,
+litert_lm.py and llama_cpp.py build LiteRT-LM's and llama.cpp's.
 Every repeat runs every prompt on every peer back to back, so all see the same machine load. ms/token is the
 wall time of the whole call, prefill included, over its new tokens: median over repeats per prompt, then over
 prompts. Each peer is compared with one mtpkit row, its baseline: ratio = peer ms/token / baseline ms/token per
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from .engine import Engine, GenConfig
+    from mtpkit.runtime.engine import Engine, GenConfig
 
 TIMING = "wall time of the whole generate call / new tokens (prefill included)"
 

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mtpkit.errors import UsageError
+from mtpkit.runtime.auto import CostMeter, TimedDrafter, TimedTarget
+from mtpkit.runtime.cost_model import best_k, predict
+from mtpkit.runtime.engine import Engine, GenConfig
+from mtpkit.runtime.speculative import fit_draft
+from mtpkit.runtime.stats import Stats, conditional_acceptance
 
-from .auto import CostMeter, TimedDrafter, TimedTarget
-from .cost_model import best_k, predict
-from .engine import Engine, GenConfig
-from .peers import PeerPrompt
-from .speculative import fit_draft
-from .stats import Stats, conditional_acceptance
+from .peer_timing import PeerPrompt
 
 CATEGORIES = ("code", "structured", "rewrite", "prose")
 DEFAULT_MAX_K = 8  # constant draft lengths a bench measures when the export allows them
@@ -120,14 +120,6 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     return prompts
 
 
-def run_once(engine: Engine, ids: list[int], cfg: GenConfig) -> Stats:
-    """Generate to the end, discarding tokens; returns the run's stats."""
-    stats = Stats()
-    for _ in engine.generate(ids, cfg, stats):
-        pass
-    return stats
-
-
 def ms_per_token(stats: Stats) -> float:
     """Decode phase only: the prefill is the same graph call in every mode."""
     return 1e3 * (stats.total_s - stats.ttft_s) / max(1, stats.new_tokens - 1)
@@ -153,7 +145,7 @@ def measure(engine: Engine, ids: list[int], modes: dict[str | int, GenConfig], r
             for mode, cfg in modes.items():
                 if progress:
                     progress(f"{'k=' if isinstance(mode, int) else ''}{mode} ({rep + 1}/{repeats})")
-                runs[mode].append(run_once(engine, ids, cfg))
+                runs[mode].append(engine.run(ids, cfg))
     return runs, meter
 
 
@@ -221,7 +213,7 @@ def bench_prompt(engine: Engine, name: str, ids: list[int], cfg: BenchConfig) ->
     """
     modes: dict[str | int, GenConfig] = {"plain": GenConfig(max_new_tokens=cfg.max_new_tokens, mtp=False),
                                          "spec": cfg.spec_config()}
-    run_once(engine, ids, modes["spec"])  # warm-up: first calls pay allocation and kernel selection
+    engine.run(ids, modes["spec"])  # warm-up: first calls pay allocation and kernel selection
     runs, meter = measure(engine, ids, modes, cfg.repeats)
     k_max = max(cfg.fitted(engine).max_k or 1, *(d for s in runs["spec"] for d, _ in s.per_round), 1)  # set by fitted
     acc = _filled(conditional_acceptance(runs["spec"], k_max))
@@ -255,7 +247,7 @@ def run_bench(export_dir: str | Path, cfg: BenchConfig, prompts: list | None = N
              for i, p in enumerate(prompts or PROMPTS)]
     first = list(items[0].ids) if items[0].ids else engine.codec.encode(items[0].text)
     for mode_cfg in cfg.modes().values():  # warm-up: first calls of each length pay allocation
-        run_once(engine, first, mode_cfg)
+        engine.run(first, mode_cfg)
     rows = []
     for i, prompt in enumerate(items):
         tell = (lambda what, i=i, p=prompt: progress(f"prompt {i + 1}/{len(items)} {p.category}/{p.name}: {what}")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from . import peers
+from . import peer_timing
 
 
 def _cell(pred: float | None, meas: float | None) -> str:
@@ -38,11 +38,11 @@ def print_bench(report: dict, repeats: int) -> None:
     for r in rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
     threads = report.get("threads")
-    threads = f", threads {peers.format_threads(threads)}" if threads else ""
+    threads = f", threads {peer_timing.format_threads(threads)}" if threads else ""
     print(f"median speedup {report['median_speedup']:.2f}x ({report['backend']}{threads}, auto vs plain on the same "
           f"graphs, {repeats} interleaved repeats)")
     if report.get("peers"):
-        peers.print_peers(report["peers"])
+        peer_timing.print_peers(report["peers"])
 
 
 def to_markdown(report: dict) -> str:
@@ -59,7 +59,7 @@ def to_markdown(report: dict) -> str:
         per.append([r["prompt"], r["category"], f"{r['plain_ms_per_token']:.3f}",
                     *(_cell(x["predicted_speedup"], x["measured_speedup"]) for x in r["ks"]),
                     f"{r['speedup']:.2f}x", f"{r['spec_mean_k']:.2f}", str(r["chosen_k"])])
-    return "\n".join(lines + [_md(per), ""] + (peers.to_markdown(report["peers"]) if report.get("peers") else []))
+    return "\n".join(lines + [_md(per), ""] + (peer_timing.to_markdown(report["peers"]) if report.get("peers") else []))
 
 
 def _md(rows: list[list[str]]) -> str:
