@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from mtpkit.errors import MtpkitError
-from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
 
 from .mapped import CHECKPOINT, page_out
 
@@ -78,7 +78,8 @@ def runtime_figures(folder: Path, reference: dict, num_assistant_tokens: int = D
     from mtpkit.runtime.bench import run_once
 
     engine = Engine(folder, threads=1, backend=backend)
-    num_assistant_tokens = fit_draft(num_assistant_tokens, engine.max_draft)
+    asked = GenConfig(num_assistant_tokens=num_assistant_tokens, schedule="constant")
+    num_assistant_tokens = int(engine.resolve(asked, adapt=True).num_assistant_tokens or 0)  # an int: constant
     prefix, diverged, drafted, accepted, new, calls = [], {}, 0, 0, 0, 0
     for p in reference["prompts"]:
         want, n = p["greedy_ids"], len(p["greedy_ids"])

@@ -18,7 +18,7 @@ from mtpkit import __version__
 from mtpkit.runtime.backends.litert import without_weight_packing
 from mtpkit.runtime.backends.onnx import without_prepacking
 from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
-from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
 
 from . import backends as backends_pkg
 from . import calibration, fidelity
@@ -150,15 +150,15 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     return manifest
 
 
-def _record_acceptance(manifest: Manifest, folder: Path, max_k: int = 8) -> Manifest:
+def _record_acceptance(manifest: Manifest, folder: Path, max_draft: int = 8) -> Manifest:
     """Each backend's acceptance of draft i given drafts 1..i-1 were accepted, on its exported (final) graphs:
-    the runtime, greedy, clean hand-off, constant k = max_k (or the backend's static verify length) on the
+    the runtime, greedy, clean hand-off, constant k = max_draft (or the backend's static verify length) on the
     reference prompts that fit the KV capacity, recorded as `backends.<kind>.options.acceptance_by_position`. The
     prior of `--num-assistant-tokens auto`; a position never reached is 0 (auto still probes it); nothing is
     recorded when no prompt fits (auto then starts from its built-in prior)."""
     backends = dict(manifest.backends)
     for kind in manifest.backends:
-        acceptance = _acceptance(manifest, folder, kind, max_k)
+        acceptance = _acceptance(manifest, folder, kind, max_draft)
         if acceptance:
             log.info("  %s drafter acceptance by position (greedy, k=%d, reference prompts): %s", kind,
                      len(acceptance), " ".join(f"{a:.2f}" for a in acceptance))
@@ -169,13 +169,14 @@ def _record_acceptance(manifest: Manifest, folder: Path, max_k: int = 8) -> Mani
     return manifest
 
 
-def _acceptance(manifest: Manifest, folder: Path, kind: str, max_k: int) -> list[float]:
+def _acceptance(manifest: Manifest, folder: Path, kind: str, max_draft: int) -> list[float]:
     from mtpkit.runtime.bench import run_once
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import conditional_acceptance
 
     engine = Engine(folder, threads=1, backend=kind)
-    k = fit_draft(max_k, engine.max_draft)
+    k = engine.resolve(GenConfig(num_assistant_tokens=max_draft, schedule="constant"), adapt=True).num_assistant_tokens
+    assert isinstance(k, int)  # a constant schedule's k
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
     runs = []
     for p in reference["prompts"]:

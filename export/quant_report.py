@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from mtpkit.errors import UsageError
-from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
 
 from .config import QUANT_RECIPES
 
@@ -226,8 +226,9 @@ def _speeds(cases: dict, reference: dict, max_new_tokens: int, repeats: int) -> 
     engines = {case: Engine(folder, backend=case[0]) for case, folder in cases.items()}
     prompts = [p["prompt_ids"] for p in reference["prompts"]]
     modes = lambda engine: {"plain": GenConfig(max_new_tokens=max_new_tokens, mtp=False),  # noqa: E731
-                            "speculative": GenConfig(max_new_tokens=max_new_tokens,
-                                                     num_assistant_tokens=fit_draft(DEFAULT_NUM_ASSISTANT_TOKENS, engine.max_draft))}
+                            "speculative": engine.resolve(GenConfig(max_new_tokens=max_new_tokens,
+                                                                    num_assistant_tokens=DEFAULT_NUM_ASSISTANT_TOKENS),
+                                                          adapt=True)}
     times = {(case, mode): [] for case in engines for mode in ("plain", "speculative")}
     for round_ in tqdm(range(repeats + 1), desc="timing", unit="round"):
         for case, engine in engines.items():

@@ -68,7 +68,7 @@ def test_the_drafters_k_adapts_to_a_shorter_static_verify_and_an_explicit_k_is_r
     litert = engine(3)
     with caplog.at_level(logging.INFO, logger="mtpkit"):
         schedules = [litert.schedule(GenConfig(schedule="constant")) for _ in range(3)]
-    assert [(s.kind, s.k, s.cap) for s in schedules] == [("constant", 3, 3)] * 3
+    assert [(s.kind, s.k, s.max_draft) for s in schedules] == [("constant", 3, 3)] * 3
     said = "k = 3: the drafter's num_assistant_tokens (4) capped by this litert export's verify length"
     assert caplog.text.count(said) == 1  # once per engine: `mtpkit bench` runs many requests
     with pytest.raises(UsageError, match="verifies at most 3 drafts per round"):

@@ -104,7 +104,7 @@ def test_target_calls_with_caches_bound_in_place_equal_litert_s_own_signature_ru
     for kind, ids, pos in calls:
         signature = target.prefill[-1]["signature"] if kind == "prefill" else kind
         sig = backend.signatures[signature]
-        n = {"prefill": target.prefill[-1]["num_tokens"], "verify": target.verify_len}.get(kind, 1)
+        n = {"prefill": target.prefill[-1]["num_tokens"], "verify": target.max_draft + 1}.get(kind, 1)
         padded = ids + [0] * (n - len(ids))
         feeds = {**target.feeds(padded, pos), **caches}
         want = interp.get_signature_runner(sig.backend_name)(**{t.name: feeds[t.key] for t in sig.inputs})

@@ -118,7 +118,7 @@ def test_a_third_backend_exports_loads_and_generates(relay, tiny_checkpoints, tm
     assert cli.main(["run", str(out), "--backend", KIND, "--prompt", "def f(x):", "--max-new-tokens", "4",
                      "--threads", "1", "--json"]) == 0
     assert len(json.loads(capfd.readouterr().out)["output_ids"]) == 4
-    assert cli.main(["bench", str(out), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-k", "1",
+    assert cli.main(["bench", str(out), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-draft", "1",
                      "--max-new-tokens", "4", "--threads", "1", "--json", str(tmp_path / "bench.json")]) == 0
     rows = {r["name"]: r for r in json.loads((tmp_path / "bench.json").read_text())["peers"]["rows"]
             if not r["name"].startswith("llama.cpp")}  # present only where the llama-cpp extra is installed

@@ -19,14 +19,15 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from mtpkit.runtime.speculative import fit_draft
 
 K_ORACLE = 8
 
 
 def oracle_depth(engine) -> int:
     """Drafts per oracle round: K_ORACLE, or fewer where the export's verify graph has a static length."""
-    return fit_draft(K_ORACLE, engine.max_draft)
+    from mtpkit.runtime.engine import GenConfig
+
+    return engine.resolve(GenConfig(num_assistant_tokens=K_ORACLE, schedule="constant"), adapt=True).num_assistant_tokens
 
 
 def accepted_runs(engine, ids: list[int], max_new_tokens: int) -> list[int]:

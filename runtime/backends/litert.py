@@ -288,8 +288,7 @@ class StateTarget:
         self.session, self.kv = session, kv
         opts = session.backend.options
         self.prefill = sorted(opts["prefill"], key=lambda p: p["num_tokens"])  # [{num_tokens, signature}]
-        self.verify_len = int(opts["verify_len"])
-        self.max_draft = self.verify_len - 1
+        self.max_draft = opts.max_draft  # verify takes max_draft + 1 tokens, padded
         self.calls = 0
 
     @property
@@ -299,11 +298,11 @@ class StateTarget:
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         n = self.prefill[-1]["num_tokens"]
         prefill_end = -(-(prompt_len - 1) // n) * n  # padded prefill chunks
-        return max(prefill_end, prompt_len + max_new_tokens + self.verify_len)  # a padded verify may overhang
+        return max(prefill_end, prompt_len + max_new_tokens + self.max_draft + 1)  # a padded verify may overhang
 
     def _call(self, signature: str, ids: list[int], pos: int) -> Feeds:
         if pos + len(ids) > self.kv.capacity:
-            raise CacheFullError(f"KV cache full: position {pos + len(ids)} is past the export's cache_len "
+            raise CacheFullError(f"KV cache full: position {pos + len(ids)} is past the export's kv_cache.capacity "
                                  f"{self.kv.capacity}; re-export with a larger --max-cache-len")
         out = self.kv.graph.run(signature, self.feeds(ids, pos))  # caches updated in place
         self.kv.version += 1
@@ -330,9 +329,9 @@ class StateTarget:
         if len(ids) == 1:
             out = self._call("decode", ids, pos)
         else:
-            if len(ids) > self.verify_len:
-                raise ValueError(f"{len(ids) - 1} drafts do not fit the static verify length {self.verify_len}")
-            out = self._call("verify", ids + [0] * (self.verify_len - len(ids)), pos)
+            if len(ids) > self.max_draft + 1:
+                raise ValueError(f"{len(ids) - 1} drafts do not fit the static verify, max_draft {self.max_draft}")
+            out = self._call("verify", ids + [0] * (self.max_draft + 1 - len(ids)), pos)
         self.kv.last.start, self.kv.last.end = start, pos + len(ids)
         self.calls += 1  # one logical call, as on ONNX: tokens per target call must not depend on prefill chunks
         n = len(ids)
