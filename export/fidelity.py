@@ -112,7 +112,7 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
                    "float_runtime": float_figures[kind],
                    "gate": {"top1_agreement_min": GATES.get(graphs["target"].recipe), "enforced": gate},
                    # int4: the text its scales were calibrated on, which the reference prompts above are not
-                   "calibration": ((manifest.backend(kind).options.get("quantization") or {}).get("target")
+                   "calibration": ((manifest.backend(kind).options.quantization or {}).get("target")
                                    or {}).get("calibration")}
         figures["float_margin_at_divergence"] = _margins(target, reference, figures["runtime"]["first_divergence"])
         _log(kind, figures)

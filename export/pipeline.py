@@ -17,7 +17,8 @@ import numpy as np
 from mtpkit import __version__
 from mtpkit.runtime.backends.litert import without_weight_packing
 from mtpkit.runtime.backends.onnx import without_prepacking
-from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
+from mtpkit.runtime.manifest import (SCHEMA_VERSION, Generation, KVCache, Manifest, Model, Quantization, Tokens,
+                                     sha256_file)
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
 
 from . import backends as backends_pkg
@@ -139,7 +140,7 @@ def _quantize(manifest: Manifest, job: ExportJob) -> Manifest:
     cfg = job.cfg
     recipes = {"target": cfg.quant, "drafter": cfg.drafter_quant}
     plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
-                              _encoder(job.folder), manifest.tokens["bos"], cfg.calibration, cfg.ple_bits)
+                              _encoder(job.folder), manifest.tokens.bos, cfg.calibration, cfg.ple_bits)
     page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
     backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size, cfg.accuracy_level,
                                                      ple_bits=cfg.ple_bits, plans=plans)
@@ -162,7 +163,7 @@ def _record_acceptance(manifest: Manifest, folder: Path, max_draft: int = 8) -> 
         if acceptance:
             log.info("  %s drafter acceptance by position (greedy, k=%d, reference prompts): %s", kind,
                      len(acceptance), " ".join(f"{a:.2f}" for a in acceptance))
-            options = {**backends[kind].options, "acceptance_by_position": acceptance}
+            options = dataclasses.replace(backends[kind].options, acceptance_by_position=acceptance)
             backends[kind] = dataclasses.replace(backends[kind], options=options)
     manifest = dataclasses.replace(manifest, backends=backends)
     manifest.save(folder)
@@ -246,20 +247,18 @@ def _manifest(job: ExportJob, target_src: Source, drafter_src: Source, backends:
     return Manifest(
         schema_version=SCHEMA_VERSION, mtpkit_version=__version__,
         source={"target": _source_entry(target_src), "drafter": _source_entry(drafter_src)},
-        model={"vocab_size": job.vocab, "hidden_size": job.hidden, "num_layers": tcfg.num_hidden_layers,
-               "sliding_window": tcfg.sliding_window, "final_logit_softcapping": tcfg.final_logit_softcapping,
-               "drafter_hidden_size": job.drafter.config.get_text_config().hidden_size,
-               "max_position_embeddings": tcfg.max_position_embeddings},
+        model=Model(vocab_size=job.vocab, hidden_size=job.hidden, num_layers=tcfg.num_hidden_layers,
+                    sliding_window=tcfg.sliding_window, final_logit_softcapping=tcfg.final_logit_softcapping,
+                    drafter_hidden_size=job.drafter.config.get_text_config().hidden_size,
+                    max_position_embeddings=tcfg.max_position_embeddings),
         tokens=_token_ids(tcfg, gen_t), tokenizer=tokenizer,
-        generation={"num_assistant_tokens": _drafter_k(drafter_src),
-                    "num_assistant_tokens_schedule": gen_d.get("num_assistant_tokens_schedule", "constant")},
-        kv_cache={"capacity": cfg.max_cache_len, "dtype": "float32", "layout": "BHSD",
-                  "layers": [dataclasses.asdict(d) for d in job.kv_layers], "drafter_layers": job.store,
-                  "sliding_past": tcfg.sliding_window - 1, "drafter_sliding_visible": tcfg.sliding_window + 1},
+        generation=Generation(num_assistant_tokens=_drafter_k(drafter_src),
+                              num_assistant_tokens_schedule=gen_d.get("num_assistant_tokens_schedule", "constant")),
+        kv_cache=KVCache(capacity=cfg.max_cache_len, layers=list(job.kv_layers), drafter_layers=job.store,
+                         sliding_past=tcfg.sliding_window - 1, drafter_sliding_visible=tcfg.sliding_window + 1),
         backends=backends, hf_files=hf_files, root=job.folder,
-        quantization={"recipe": cfg.quant, "drafter_recipe": cfg.drafter_quant, "ple_recipe": cfg.ple_quant,
-                      "block_size": cfg.block_size,
-                      "accuracy_level": cfg.accuracy_level, "kv_cache": "float32"})
+        quantization=Quantization(recipe=cfg.quant, drafter_recipe=cfg.drafter_quant, ple_recipe=cfg.ple_quant,
+                                  block_size=cfg.block_size, accuracy_level=cfg.accuracy_level, kv_cache="float32"))
 
 
 def _json(path: Path) -> dict:
@@ -273,11 +272,11 @@ def _source_entry(src: Source) -> dict:
             "architectures": src.config.get("architectures"), "config_sha256": sha256_file(src.folder / "config.json")}
 
 
-def _token_ids(tcfg, gen: dict) -> dict:
+def _token_ids(tcfg, gen: dict) -> Tokens:
     eos = gen.get("eos_token_id", tcfg.eos_token_id)
     eos = [eos] if isinstance(eos, int) else list(eos or [])
-    return {"bos": gen.get("bos_token_id", tcfg.bos_token_id), "pad": gen.get("pad_token_id", tcfg.pad_token_id),
-            "eos": eos}
+    return Tokens(bos=gen.get("bos_token_id", tcfg.bos_token_id), pad=gen.get("pad_token_id", tcfg.pad_token_id),
+                  eos=eos)
 
 
 def _copy_hf_files(src: Path, dst: Path) -> tuple[dict, dict]:
@@ -317,7 +316,7 @@ def _draft_lengths(cfg: ExportConfig) -> tuple[int, ...]:
 
 def _write_reference(job: ExportJob, manifest: Manifest) -> dict:
     encode = _encoder(job.folder)
-    prompts = reference_lib.reference_prompts(encode, manifest.tokens["bos"], manifest.model["sliding_window"], None)
+    prompts = reference_lib.reference_prompts(encode, manifest.tokens.bos, manifest.model.sliding_window, None)
     lengths = _draft_lengths(job.cfg)
     ref, arrays = reference_lib.record(job.target, job.drafter, prompts, job.cfg.reference_tokens, manifest.eos_ids,
                                        lengths)

@@ -139,7 +139,7 @@ def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] |
     sources = {"target": resolve(checkpoints[0], "target"), "drafter": resolve(checkpoints[1], "drafter")}
     adapters = {"target": target_adapter(sources["target"]), "drafter": drafter_adapter(sources["drafter"])}
     target = adapters["target"].load(sources["target"]) if recipes["target"] == "int4" else None
-    return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens["bos"], ple_bits=ple_bits)
+    return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens.bos, ple_bits=ple_bits)
 
 
 def _calibration(folders: dict) -> dict | None:
@@ -148,7 +148,7 @@ def _calibration(folders: dict) -> dict | None:
 
     for folder in folders.values():
         for backend in load_manifest(folder).backends.values():
-            for graph in (backend.options.get("quantization") or {}).values():
+            for graph in (backend.options.quantization or {}).values():
                 if isinstance(graph, dict) and graph.get("calibration"):
                     return graph["calibration"]
     return None
@@ -169,7 +169,7 @@ def heldout_references(target, folder: Path, texts: list[str], prompt_len: int =
     manifest, encode = load_manifest(folder), _encoder(folder)
     text, greedy = {"prompts": []}, {"prompts": []}
     for i, ids in enumerate(encode(t) for t in texts):
-        prompt = [manifest.tokens["bos"], *ids[:prompt_len]]
+        prompt = [manifest.tokens.bos, *ids[:prompt_len]]
         text["prompts"].append({"name": f"heldout{i}", "prompt_ids": prompt,
                                 "greedy_ids": ids[prompt_len:prompt_len + text_len]})
         with torch.no_grad():

@@ -119,7 +119,7 @@ class Engine:
     def auto_policy(self, max_draft: int) -> AutoPolicy:
         """The engine's auto policy, created and calibrated (a few timed calls) on first use."""
         if self.policy is None:
-            recorded = self.backend.options.get("acceptance_by_position") or ()  # the exporter's figure, if any
+            recorded = self.backend.options.acceptance_by_position or ()  # the exporter's figure, if any
             prior = [min(1.0, max(0.0, float(a))) for a in recorded]
             self.policy = AutoPolicy(max_draft, self.meter, prior=prior)
             calibrate(*self.untimed, self.meter, max_draft)

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from mtpkit.runtime.backends.onnx import release
-from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Manifest, Signature, TensorSpec, sha256_file
+from mtpkit.runtime.manifest import (Backend, GraphFile, KVLayer, Manifest, OnnxOptions, Signature, TensorSpec,
+                                     sha256_file)
 
 from .. import int4
 from ..phases import MB
@@ -87,9 +88,8 @@ def export(job: ExportJob) -> Backend:
         raise RuntimeError(f"the embedding table is not an initializer of {t_path.name}")
     embedding["scale"] = float(embed.embed_scale.float())  # the graphs' fp32 scale, whatever --dtype holds
     graphs = {name: _graph_file(job.folder, p) for name, p in (("target", t_path), ("drafter", d_path))}
-    options = {"embedding": embedding, "nodes": _log_nodes(job, graphs)}
-    if fuse:  # the contrib kernels' oldest ORT with MultiHeadAttention's grouped mask (onnx_fusions.py)
-        options["min_onnxruntime"] = "1.20"
+    # fused: the contrib kernels' oldest ORT with MultiHeadAttention's grouped mask (onnx_fusions.py)
+    options = OnnxOptions(embedding=embedding, nodes=_log_nodes(job, graphs), min_onnxruntime="1.20" if fuse else None)
     return Backend("onnx", "window", graphs, sigs, options)
 
 
@@ -118,10 +118,13 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     over the same bytes, see onnx_embedding.py) and stays stored once in embeddings.bin, where the host's drafter
     lookup reads it too. Derived from a float export, so one export serves every recipe. `plans` ("target" /
     "drafter" -> export/int4.Int4Plan, int4 recipes): the weights kept at 8 bits and the scale search's importance;
-    the choice per weight is recorded in options["quantization"]."""
+    the choice per weight is recorded in options.quantization."""
     import onnx
 
-    graphs, options = dict(backend.graphs), dict(backend.options)
+    graphs, options = dict(backend.graphs), backend.options
+    assert isinstance(options, OnnxOptions)  # this module's own entry
+    embedding, lookup, oldest, detail = options.embedding, dict(options.lookup_tables or {}), options.min_onnxruntime, \
+        dict(options.quantization or {})
     for name, recipe in recipes.items():
         if recipe == "fp32" or graphs[name].recipe != "fp32":
             continue
@@ -142,15 +145,15 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
             for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
                 model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
                                                  accuracy_level=accuracy_level, **tables)
-                options["lookup_tables"] = {**options.get("lookup_tables", {}), table: f"int{ple_bits}"}
-        if layout or options.get("lookup_tables"):  # GatherBlockQuantized's `bits` attribute (onnx_embedding.py)
-            options["min_onnxruntime"] = max(options.get("min_onnxruntime", "0"), "1.21", key=release)
+                lookup[table] = f"int{ple_bits}"
+        if layout or lookup:  # GatherBlockQuantized's `bits` attribute (onnx_embedding.py)
+            oldest = max(oldest or "0", "1.21", key=release)
         if layout:
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
-            options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
+            embedding = {**shared, "scale": embedding["scale"]}
         elif shared_name:  # the table's bytes (fp32, or fp16 under fp16) stay shared with the host lookup
             shared = save_sharing_embedding(model, path, shared_name)
-            options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
+            embedding = {**shared, "scale": embedding["scale"]}
         else:
             drop_stale_data(model, path)
             onnx.save_model(model, str(path))
@@ -158,9 +161,11 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
             onnx_stream.compact(path)  # drop the float tables' bytes the quantized ones replaced
         graphs[name] = dataclasses.replace(_graph_file(folder, path), recipe=recipe)
         if plan is not None:
-            options["quantization"] = {**options.get("quantization", {}), name: {
-                "recipe": recipe, "tensors": dict(sorted(tensors.items())), "calibration": dict(plan.calibration) or None}}
-    options["nodes"] = {name: _node_count(folder / g.file) for name, g in graphs.items()}
+            detail[name] = {"recipe": recipe, "tensors": dict(sorted(tensors.items())),
+                            "calibration": dict(plan.calibration) or None}
+    nodes = {name: _node_count(folder / g.file) for name, g in graphs.items()}
+    options = dataclasses.replace(options, embedding=embedding, nodes=nodes, min_onnxruntime=oldest,
+                                  lookup_tables=lookup or None, quantization=detail or None)
     return dataclasses.replace(backend, graphs=graphs, options=options)
 
 
