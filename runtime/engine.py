@@ -90,7 +90,7 @@ class Engine:
             return replace(cfg, num_assistant_tokens="auto", max_draft=fit_draft(cfg.max_draft, self.max_draft))
         k = cfg.num_assistant_tokens or self.default_k
         assert isinstance(k, int)  # "auto" took the branch above
-        if fit_draft(k, self.max_draft) < k and not adapt:
+        if fit_draft(k, self.max_draft) < k and cfg.num_assistant_tokens is not None and not adapt:
             raise UsageError(f"this {self.backend.kind} export verifies at most {self.max_draft} drafts per round; use "
                              f"--num-assistant-tokens <= {self.max_draft} or re-export with a larger --max-draft")
         k = fit_draft(k, self.max_draft)
