@@ -19,8 +19,8 @@ from .roles import BACKENDS
 from .schema import BOOL, DICT, STR, check_links, fields, integer, items, mapping, optional
 from .verified import VerifiedFiles, sha256_file  # noqa: F401  (sha256_file: the exporters' import)
 
-# 3: every backend's KV capacity is kv_cache.capacity and LiteRT's verify length is options.max_draft + 1 (its
-#    options no longer repeat cache_len and verify_len); each backend's options are checked when read.
+# 3: every backend's KV capacity is kv_cache.capacity alone, LiteRT's verify takes options.max_draft + 1 tokens, and
+#    each backend's options are a record (records.OPTIONS) checked when read.
 SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 
