@@ -82,13 +82,14 @@ def verify(args: argparse.Namespace) -> int:
     """`--verify DIR`: MATCH (exit 0), or the first differing file (exit 1)."""
     from mtpkit.errors import UsageError
 
+    from .pipeline import export_model
     from .reproduce import verify as reexport_and_compare
 
     given = _flags_beside_verify(args)
     if given:
         raise UsageError(f"--verify DIR re-runs the export with the flags DIR/manifest.json records; drop "
                          f"{', '.join(given)}")
-    difference = reexport_and_compare(args.verify)
+    difference = reexport_and_compare(args.verify, export_model)
     if difference is None:
         print(f"MATCH {args.verify}: every file is byte-identical to a re-export from its manifest "
               "(manifest.json outside `measured`)")

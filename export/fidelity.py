@@ -19,7 +19,7 @@ import torch
 from mtpkit.errors import MtpkitError
 from mtpkit.runtime.backends import LoadOptions
 from mtpkit.runtime.manifest import Manifest
-from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
 
 from .mapped import CHECKPOINT, page_out
 from .recipes import recipe
@@ -76,7 +76,8 @@ def runtime_figures(export: Path | Manifest, reference: dict,
     from mtpkit.runtime.engine import Engine, GenConfig
 
     engine = Engine(export, threads=1, backend=backend, options=options)
-    num_assistant_tokens = fit_draft(num_assistant_tokens, engine.max_draft)
+    asked = GenConfig(num_assistant_tokens=num_assistant_tokens, schedule="constant")
+    num_assistant_tokens = int(engine.resolve(asked, adapt=True).num_assistant_tokens or 0)  # an int: constant
     prefix, diverged, drafted, accepted, new, calls = [], {}, 0, 0, 0, 0
     for p in reference["prompts"]:
         want, n = p["greedy_ids"], len(p["greedy_ids"])
@@ -109,7 +110,7 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
                    "float_runtime": float_figures[kind],
                    "gate": {"top1_agreement_min": recipe(graphs["target"].recipe).gate, "enforced": gate},
                    # int4: the text its scales were calibrated on, which the reference prompts above are not
-                   "calibration": ((manifest.backend(kind).options.get("quantization") or {}).get("target")
+                   "calibration": ((manifest.backend(kind).options.quantization or {}).get("target")
                                    or {}).get("calibration")}
         figures["float_margin_at_divergence"] = _margins(target, reference, figures["runtime"]["first_divergence"])
         _log(kind, figures)

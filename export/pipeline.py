@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib
 import json
 import logging
 import shutil
@@ -15,16 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpkit.version import __version__
 from mtpkit.runtime.backends import LoadOptions
-from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest, sha256_file
-from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
+from mtpkit.runtime.manifest import (SCHEMA_VERSION, Generation, KVCache, Manifest, Model, Quantization, Tokens,
+                                     sha256_file)
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
+from mtpkit.version import __version__
 
-from . import backends as backends_pkg
 from . import calibration, fidelity
 from . import reference as reference_lib
 from . import outdir, preflight, reproduce, verify
-from .backends import ExportJob
+from .backends import ExportJob, backend_module
 from .mapped import CHECKPOINT, GRAPHS, page_out
 from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve, safetensors_files
 from .config import ExportConfig
@@ -110,7 +109,7 @@ def _graphs(job: ExportJob, phases: PhaseLog, sources: tuple) -> Manifest:
     backends = {}
     for kind in job.cfg.backend:
         with phases.phase(f"{kind} graphs", f"exporting {kind} graphs"):
-            backends[kind] = _backend_module(kind).export(job)
+            backends[kind] = backend_module(kind).export(job)
     hf_files, tokenizer = _copy_hf_files(sources[0].folder, job.folder)
     return _manifest(job, *sources, backends, tokenizer, hf_files)
 
@@ -125,7 +124,7 @@ def _check(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> None:
     """Every backend's float graphs against PyTorch, each by its own export module's check(manifest, job, ids)."""
     with phases.phase("check", "checking every graph against PyTorch"):
         ids = manifest_prompt(manifest, job.folder)
-        checks = [c for kind in manifest.backends for c in _backend_module(kind).check(manifest, job, ids)]
+        checks = [c for kind in manifest.backends for c in backend_module(kind).check(manifest, job, ids)]
         (job.folder / "graph_parity.json").write_text(json.dumps([c.__dict__ | {"ok": c.ok} for c in checks],
                                                                  indent=2))
         for c in checks:
@@ -157,9 +156,9 @@ def _quantize(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> Manifest:
         page_out(*GRAPHS)  # the float graphs' pages: rewritten next, not read again
         recipes = cfg.recipes
         plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
-                                  _encoder(job.folder), manifest.tokens["bos"], cfg.calibration, cfg.ple_bits)
+                                  _encoder(job.folder), manifest.tokens.bos, cfg.calibration, cfg.ple_bits)
         page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
-        backends = {kind: _backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size,
+        backends = {kind: backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size,
                                                          cfg.accuracy_level, ple_bits=cfg.ple_bits, plans=plans)
                     for kind, backend in manifest.backends.items()}
         manifest = dataclasses.replace(manifest, backends=backends)
@@ -167,29 +166,30 @@ def _quantize(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> Manifest:
     return manifest
 
 
-def _record_acceptance(manifest: Manifest, options: LoadOptions, max_k: int = 8) -> Manifest:
+def _record_acceptance(manifest: Manifest, options: LoadOptions, max_draft: int = 8) -> Manifest:
     """Each backend's acceptance of draft i given drafts 1..i-1 were accepted, on its exported (final) graphs:
-    the runtime, greedy, clean hand-off, constant k = max_k (or the backend's static verify length) on the
+    the runtime, greedy, clean hand-off, constant k = max_draft (or the backend's static verify length) on the
     reference prompts that fit the KV capacity, recorded as `backends.<kind>.options.acceptance_by_position`. The
     prior of `--num-assistant-tokens auto`; a position never reached is 0 (auto still probes it); nothing is
     recorded when no prompt fits (auto then starts from its built-in prior)."""
     backends = dict(manifest.backends)
     for kind in manifest.backends:
-        acceptance = _acceptance(manifest, kind, max_k, options)
+        acceptance = _acceptance(manifest, kind, max_draft, options)
         if acceptance:
             log.info("  %s drafter acceptance by position (greedy, k=%d, reference prompts): %s", kind,
                      len(acceptance), " ".join(f"{a:.2f}" for a in acceptance))
-            options_entry = {**backends[kind].options, "acceptance_by_position": acceptance}
-            backends[kind] = dataclasses.replace(backends[kind], options=options_entry)
+            recorded = dataclasses.replace(backends[kind].options, acceptance_by_position=acceptance)
+            backends[kind] = dataclasses.replace(backends[kind], options=recorded)
     return dataclasses.replace(manifest, backends=backends)
 
 
-def _acceptance(manifest: Manifest, kind: str, max_k: int, options: LoadOptions) -> list[float]:
+def _acceptance(manifest: Manifest, kind: str, max_draft: int, options: LoadOptions) -> list[float]:
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import conditional_acceptance
 
     engine = Engine(manifest, threads=1, backend=kind, options=options)
-    k = fit_draft(max_k, engine.max_draft)
+    k = engine.resolve(GenConfig(num_assistant_tokens=max_draft, schedule="constant"), adapt=True).num_assistant_tokens
+    assert isinstance(k, int)  # a constant schedule's k
     reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
     runs = []
     for p in reference["prompts"]:
@@ -197,10 +197,6 @@ def _acceptance(manifest: Manifest, kind: str, max_k: int, options: LoadOptions)
         if engine.target.positions_needed(len(p["prompt_ids"]), cfg.max_new_tokens) <= engine.kv.capacity:
             runs.append(engine.run(p["prompt_ids"], cfg))
     return [round(a or 0.0, 4) for a in conditional_acceptance(runs, k)] if runs else []
-
-
-def _backend_module(kind: str):
-    return importlib.import_module(f"{backends_pkg.__name__}.{kind}")
 
 
 def _replace(tmp: Path, out: Path) -> None:
@@ -246,20 +242,18 @@ def _manifest(job: ExportJob, target_src: Source, drafter_src: Source, backends:
     return Manifest(
         schema_version=SCHEMA_VERSION, mtpkit_version=__version__,
         source={"target": _source_entry(target_src), "drafter": _source_entry(drafter_src)},
-        model={"vocab_size": job.vocab, "hidden_size": job.hidden, "num_layers": tcfg.num_hidden_layers,
-               "sliding_window": tcfg.sliding_window, "final_logit_softcapping": tcfg.final_logit_softcapping,
-               "drafter_hidden_size": job.drafter.config.get_text_config().hidden_size,
-               "max_position_embeddings": tcfg.max_position_embeddings},
+        model=Model(vocab_size=job.vocab, hidden_size=job.hidden, num_layers=tcfg.num_hidden_layers,
+                    sliding_window=tcfg.sliding_window, final_logit_softcapping=tcfg.final_logit_softcapping,
+                    drafter_hidden_size=job.drafter.config.get_text_config().hidden_size,
+                    max_position_embeddings=tcfg.max_position_embeddings),
         tokens=_token_ids(tcfg, gen_t), tokenizer=tokenizer,
-        generation={"num_assistant_tokens": _drafter_k(drafter_src),
-                    "num_assistant_tokens_schedule": gen_d.get("num_assistant_tokens_schedule", "constant")},
-        kv_cache={"capacity": cfg.max_cache_len, "dtype": "float32", "layout": "BHSD",
-                  "layers": [dataclasses.asdict(d) for d in job.kv_layers], "drafter_layers": job.store,
-                  "sliding_past": tcfg.sliding_window - 1, "drafter_sliding_visible": tcfg.sliding_window + 1},
+        generation=Generation(num_assistant_tokens=_drafter_k(drafter_src),
+                              num_assistant_tokens_schedule=gen_d.get("num_assistant_tokens_schedule", "constant")),
+        kv_cache=KVCache(capacity=cfg.max_cache_len, layers=list(job.kv_layers), drafter_layers=job.store,
+                         sliding_past=tcfg.sliding_window - 1, drafter_sliding_visible=tcfg.sliding_window + 1),
         backends=backends, hf_files=hf_files, root=job.folder,
-        quantization={"recipe": cfg.quant, "drafter_recipe": cfg.drafter_quant, "ple_recipe": cfg.ple_quant,
-                      "block_size": cfg.block_size,
-                      "accuracy_level": cfg.accuracy_level, "kv_cache": "float32"})
+        quantization=Quantization(recipe=cfg.quant, drafter_recipe=cfg.drafter_quant, ple_recipe=cfg.ple_quant,
+                                  block_size=cfg.block_size, accuracy_level=cfg.accuracy_level, kv_cache="float32"))
 
 
 def _json(path: Path) -> dict:
@@ -273,11 +267,11 @@ def _source_entry(src: Source) -> dict:
             "architectures": src.config.get("architectures"), "config_sha256": sha256_file(src.folder / "config.json")}
 
 
-def _token_ids(tcfg, gen: dict) -> dict:
+def _token_ids(tcfg, gen: dict) -> Tokens:
     eos = gen.get("eos_token_id", tcfg.eos_token_id)
     eos = [eos] if isinstance(eos, int) else list(eos or [])
-    return {"bos": gen.get("bos_token_id", tcfg.bos_token_id), "pad": gen.get("pad_token_id", tcfg.pad_token_id),
-            "eos": eos}
+    return Tokens(bos=gen.get("bos_token_id", tcfg.bos_token_id), pad=gen.get("pad_token_id", tcfg.pad_token_id),
+                  eos=eos)
 
 
 def _copy_hf_files(src: Path, dst: Path) -> tuple[dict, dict]:
@@ -317,7 +311,7 @@ def _draft_lengths(cfg: ExportConfig) -> tuple[int, ...]:
 
 def _write_reference(job: ExportJob, manifest: Manifest) -> dict:
     encode = _encoder(job.folder)
-    prompts = reference_lib.reference_prompts(encode, manifest.tokens["bos"], manifest.model["sliding_window"], None)
+    prompts = reference_lib.reference_prompts(encode, manifest.tokens.bos, manifest.model.sliding_window, None)
     lengths = _draft_lengths(job.cfg)
     ref, arrays = reference_lib.record(job.target, job.drafter, prompts, job.cfg.reference_tokens, manifest.eos_ids,
                                        lengths)

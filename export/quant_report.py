@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from mtpkit.errors import UsageError
-from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS, fit_draft
+from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
 
 from . import recipes as recipe_table
 from .recipes import FP32, recipe
@@ -111,7 +111,7 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
     their model adapters and int4 its calibration of the target on the built-in set, as `mtpkit export` does."""
     from mtpkit.runtime.manifest import load_manifest
 
-    from .pipeline import _backend_module
+    from .backends import backend_module
 
     recipes = {"target": recipe(pair[0]), "drafter": recipe(pair[1])}
     if not any(r.quantized for r in recipes.values()):
@@ -120,7 +120,7 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
     shutil.copytree(float_dir, folder)
     manifest = load_manifest(folder)
     plans = _plans(recipes, folder, manifest, checkpoints, ple_bits)
-    backends = {kind: _backend_module(kind).quantize(folder, backend, recipes, block_size, ple_bits=ple_bits,
+    backends = {kind: backend_module(kind).quantize(folder, backend, recipes, block_size, ple_bits=ple_bits,
                                                      plans=plans)
                 for kind, backend in manifest.backends.items()}
     dataclasses.replace(manifest, backends=backends).save(folder)
@@ -140,7 +140,7 @@ def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] |
     sources = {"target": resolve(checkpoints[0], "target"), "drafter": resolve(checkpoints[1], "drafter")}
     adapters = {"target": target_adapter(sources["target"]), "drafter": drafter_adapter(sources["drafter"])}
     target = adapters["target"].load(sources["target"]) if recipes["target"].calibrated else None
-    return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens["bos"], ple_bits=ple_bits)
+    return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens.bos, ple_bits=ple_bits)
 
 
 def _calibration(folders: dict) -> dict | None:
@@ -149,7 +149,7 @@ def _calibration(folders: dict) -> dict | None:
 
     for folder in folders.values():
         for backend in load_manifest(folder).backends.values():
-            for graph in (backend.options.get("quantization") or {}).values():
+            for graph in (backend.options.quantization or {}).values():
                 if isinstance(graph, dict) and graph.get("calibration"):
                     return graph["calibration"]
     return None
@@ -170,7 +170,7 @@ def heldout_references(target, folder: Path, texts: list[str], prompt_len: int =
     manifest, encode = load_manifest(folder), _encoder(folder)
     text, greedy = {"prompts": []}, {"prompts": []}
     for i, ids in enumerate(encode(t) for t in texts):
-        prompt = [manifest.tokens["bos"], *ids[:prompt_len]]
+        prompt = [manifest.tokens.bos, *ids[:prompt_len]]
         text["prompts"].append({"name": f"heldout{i}", "prompt_ids": prompt,
                                 "greedy_ids": ids[prompt_len:prompt_len + text_len]})
         with torch.no_grad():
@@ -226,8 +226,9 @@ def _speeds(cases: dict, reference: dict, max_new_tokens: int, repeats: int) -> 
     engines = {case: Engine(folder, backend=case[0]) for case, folder in cases.items()}
     prompts = [p["prompt_ids"] for p in reference["prompts"]]
     modes = lambda engine: {"plain": GenConfig(max_new_tokens=max_new_tokens, mtp=False),  # noqa: E731
-                            "speculative": GenConfig(max_new_tokens=max_new_tokens,
-                                                     num_assistant_tokens=fit_draft(DEFAULT_NUM_ASSISTANT_TOKENS, engine.max_draft))}
+                            "speculative": engine.resolve(GenConfig(max_new_tokens=max_new_tokens,
+                                                                    num_assistant_tokens=DEFAULT_NUM_ASSISTANT_TOKENS),
+                                                          adapt=True)}
     times = {(case, mode): [] for case in engines for mode in ("plain", "speculative")}
     for round_ in tqdm(range(repeats + 1), desc="timing", unit="round"):
         for case, engine in engines.items():

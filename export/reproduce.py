@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 from mtpkit.version import __version__
 from mtpkit.errors import UsageError
@@ -46,9 +47,9 @@ def record(cfg) -> dict:
 def versions(backends) -> dict[str, str | None]:
     """Installed version of mtpkit and of every package that writes files of an export to `backends` (None: not
     installed)."""
-    from .pipeline import _backend_module
+    from .backends import backend_module
 
-    names = [*COMMON_PACKAGES, *(p for kind in backends for p in getattr(_backend_module(kind), "PACKAGES", ()))]
+    names = [*COMMON_PACKAGES, *(p for kind in backends for p in getattr(backend_module(kind), "PACKAGES", ()))]
     return {"mtpkit": __version__, **{name: _installed(name) for name in names}}
 
 
@@ -75,8 +76,9 @@ def first_difference(folder: Path, other: Path) -> str | None:
     return None
 
 
-def verify(folder: Path) -> str | None:
-    """Re-run the export recorded in folder/manifest.json into a temporary folder beside it and compare every file;
+def verify(folder: Path, export: Callable[[Any], Path]) -> str | None:
+    """Re-run the export recorded in folder/manifest.json with `export` (export/pipeline.py export_model, given by
+    the caller: the pipeline records through this module) into a temporary folder beside it and compare every file;
     the temporary folder is removed whatever happens.
 
     Returns:
@@ -88,7 +90,6 @@ def verify(folder: Path) -> str | None:
     from mtpkit.runtime.manifest import load_manifest
 
     from .config import ExportConfig
-    from .pipeline import export_model
 
     manifest = load_manifest(folder, verify=False)
     entry = recorded(manifest, Path(folder))
@@ -101,7 +102,7 @@ def verify(folder: Path) -> str | None:
         cfg = ExportConfig(**_config_fields(entry["flags"], Path(folder)), out=scratch / here.name)
         log.info("re-exporting %s from its manifest's record into %s", folder, scratch)
         with _working_directory(entry.get("workdir"), Path(folder)):
-            out = export_model(cfg)
+            out = export(cfg)
         return first_difference(here, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

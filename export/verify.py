@@ -88,7 +88,7 @@ def check_runtime(manifest, kind: str, target, drafter, ids: list[int]) -> list[
         checks.append(_compare(name + ".hidden_states", hidden, ref_hidden[rows], logits=False, noise=noise[1],
                                backend=kind))
     page_out(*GRAPHS)
-    for layer_type, layer in manifest.kv_cache["drafter_layers"].items():  # the drafter reads PyTorch's K/V, as
+    for layer_type, layer in manifest.kv_cache.drafter_layers.items():  # the drafter reads PyTorch's K/V, as
         # check_onnx feeds it: the target graph's own differ by its rounding noise, amplified at full size
         graph_target.kv.write(layer, *(t.numpy() for t in hf.shared_kv_states[layer_type]))
     view = graph_target.kv.drafter_view(len(ids), "clean")
@@ -137,7 +137,7 @@ def _reference_noise(target, ids: list[int], logits: np.ndarray, hidden: np.ndar
 def _store_kv(manifest, hf) -> tuple:
     """The store layers' K/V the drafter sees: all full-attention entries, the last W+1 sliding ones (as HF)."""
     shared = hf.shared_kv_states
-    sliding_visible = manifest.model["sliding_window"] + 1
+    sliding_visible = manifest.model.sliding_window + 1
     full_k, full_v = shared["full_attention"]
     sl_k, sl_v = (t[:, :, -sliding_visible:] for t in shared["sliding_attention"])
     return full_k, full_v, sl_k, sl_v

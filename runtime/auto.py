@@ -22,7 +22,6 @@ import numpy as np
 
 from .backends import Drafter, KVStore, Target, View
 from .cost_model import Costs, best_k, expected_tokens, round_cost, time_per_token
-from .speculative import fit_draft
 
 CALIBRATION_LENGTHS = (1, 2, 3, 5, 9)  # target call lengths timed at start; others are interpolated
 
@@ -172,9 +171,9 @@ class AutoPolicy:
     so each prompt soon speaks for itself.
     """
 
-    def __init__(self, k_max: int, meter: CostMeter | None = None, prior: Sequence[float] = (),
+    def __init__(self, max_draft: int, meter: CostMeter | None = None, prior: Sequence[float] = (),
                  probe_budget: float = 0.01, max_wait: int = 256, explore: float = 0.05):
-        self.k_max = k_max  # longest draft the policy may ask for (the schedule's cap)
+        self.max_draft = max_draft  # longest draft the policy may ask for (the schedule's cap)
         self.meter = meter or CostMeter()
         self.acceptance = Acceptance(prior)
         self.probe_budget = probe_budget  # share of plain decoding time that probes may cost, expected
@@ -203,14 +202,14 @@ class AutoPolicy:
 
     def costs(self) -> Costs | None:
         if self._costs is None or self._age >= self.refresh:
-            self._costs, self._age = self.meter.costs(self.k_max + 1), 0
+            self._costs, self._age = self.meter.costs(self.max_draft + 1), 0
         self._age += 1
         return self._costs
 
     def choose(self) -> int:
         """Best k by the cost model now (0: plain decoding); 1 while costs are still unknown."""
         costs = self.costs()
-        return 1 if costs is None else best_k(costs, self.acceptance.rates(self.k_max), self.k_max)
+        return 1 if costs is None else best_k(costs, self.acceptance.rates(self.max_draft), self.max_draft)
 
     def _next(self, accepted: int, drafted: int) -> int:
         if not drafted and self.wait > 0:  # plain rounds until the next probe: no new evidence, nothing to decide
@@ -219,9 +218,9 @@ class AutoPolicy:
         costs = self.costs()
         if costs is None:
             return 1
-        acc = self.acceptance.rates(self.k_max)
-        k = best_k(costs, acc, self.k_max)
-        if drafted and accepted == drafted and k <= drafted < self.k_max and (
+        acc = self.acceptance.rates(self.max_draft)
+        k = best_k(costs, acc, self.max_draft)
+        if drafted and accepted == drafted and k <= drafted < self.max_draft and (
                 time_per_token(costs, acc, drafted + 1) <= (1 + self.explore) * time_per_token(costs, acc, k)):
             return drafted + 1  # positions beyond k are never tried otherwise, so their estimates could not recover
         if k:
@@ -248,8 +247,8 @@ class AutoPolicy:
         for one position's evidence and, for a prompt that pays only at longer k, never show it."""
         if costs is None:
             return 1
-        acc = self.acceptance.rates(self.k_max)
-        return min(range(1, self.k_max + 1), key=lambda k: time_per_token(costs, acc, k))
+        acc = self.acceptance.rates(self.max_draft)
+        return min(range(1, self.max_draft + 1), key=lambda k: time_per_token(costs, acc, k))
 
     def probe_interval(self) -> int:
         """Plain rounds between probes so that a probe burst's expected loss is probe_budget of their time."""
@@ -311,7 +310,7 @@ class TimedDrafter(Generic[View]):
         return out
 
 
-def calibrate(target: Target[View], drafter: Drafter[View], meter: CostMeter, k_max: int, repeats: int = 3) -> None:
+def calibrate(target: Target[View], drafter: Drafter[View], meter: CostMeter, max_draft: int, repeats: int = 3) -> None:
     """Time target calls of a few lengths and drafter steps on scratch cache slots; seed the meter with minima.
 
     Timing noise only ever adds (another process, a page fault), so the least of a few samples is the call's own
@@ -319,7 +318,7 @@ def calibrate(target: Target[View], drafter: Drafter[View], meter: CostMeter, k_
     while drafting is off) would mislead the model for long. The slots written lie beyond any position a run has
     committed when it reads them (prefill starts at 0), the same reason rollback needs no cleanup.
     """
-    limit = min(fit_draft(k_max, target.max_draft) + 1, target.kv.capacity - 1)  # a small cache: the longest call that fits after position 1
+    limit = min(max_draft + 1, target.kv.capacity - 1)  # a small cache: the longest call that fits after position 1
     lengths = sorted({t for t in CALIBRATION_LENGTHS if t <= limit} | {limit})
     pos = max(1, min(64, target.kv.capacity - limit))
     _, hidden = target.forward([0], pos)

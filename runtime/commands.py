@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="draft length k per round, or auto (default: auto unless --schedule is given)")
     p.add_argument("--schedule", default=None,
                    help="constant | heuristic (+2 after a fully accepted round, -1 otherwise) | auto")
-    p.add_argument("--draft-cap", type=int, default=16, help="largest k the heuristic and auto schedules may reach")
+    p.add_argument("--max-draft", type=int, default=16, help="largest k the heuristic and auto schedules may reach "
+                   "(never above the export's static verify: LiteRT's --max-draft)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from .tokenizer import StreamDecoder
 
     cfg = GenConfig(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_assistant_tokens=args.num_assistant_tokens,
-                    schedule=args.schedule, draft_cap=args.draft_cap, kv_handoff=args.kv_handoff,
+                    schedule=args.schedule, max_draft=args.max_draft, kv_handoff=args.kv_handoff,
                     sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
     prompt = prompt_text(args.prompt, args.prompt_file)  # before the export opens: bad input fails fast
     engine = Engine(args.dir, args.threads, args.backend)

@@ -74,11 +74,11 @@ def predict(costs: Costs, acceptance: Sequence[float], ks: Sequence[int]) -> lis
     return rows
 
 
-def best_k(costs: Costs, acceptance: Sequence[float], k_max: int) -> int:
-    """The k in 0..k_max with the least predicted time per token; 0 (plain decoding) when no k pays."""
+def best_k(costs: Costs, acceptance: Sequence[float], max_draft: int) -> int:
+    """The k in 0..max_draft with the least predicted time per token; 0 (plain decoding) when no k pays."""
     best, best_t = 0, time_per_token(costs, acceptance, 0)
     total, run = 1.0, 1.0
-    for k in range(1, min(k_max, len(acceptance)) + 1):  # incremental E(k): this runs once per round
+    for k in range(1, min(max_draft, len(acceptance)) + 1):  # incremental E(k): this runs once per round
         run *= acceptance[k - 1]
         total += run
         t = round_cost(costs, k) / total

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator
@@ -30,7 +30,7 @@ class GenConfig:
     # sampling is seeded, see auto), else the drafter's generation_config value from the manifest
     num_assistant_tokens: int | str | None = None
     schedule: str | None = None  # constant | heuristic | auto; None: auto unless a k is given, then the manifest's
-    draft_cap: int = 16  # upper bound for the heuristic schedule
+    max_draft: int = 16  # the most drafts a round may take (heuristic and auto); never above the export's
     kv_handoff: str = "clean"  # clean | hf (transformers' exact hand-off, for draft-by-draft comparison)
     sampling: SamplingConfig = SamplingConfig()
 
@@ -47,7 +47,7 @@ class GenConfig:
         if (k == "auto" and self.schedule not in (None, "auto")) or (isinstance(k, int) and self.schedule == "auto"):
             raise UsageError(f"--num-assistant-tokens {k} and --schedule {self.schedule} contradict each other: the "
                              "auto schedule picks k itself; give one of them")
-        check_int("--draft-cap", self.draft_cap, 1)
+        check_int("--max-draft", self.max_draft, 1)
         if self.kv_handoff not in HANDOFF_MODES:
             raise UsageError(f"unknown --kv-handoff {self.kv_handoff!r}; use one of {', '.join(HANDOFF_MODES)}")
 
@@ -85,39 +85,48 @@ class Engine:
         all cores)."""
         return dict(self.untimed[0].threads)
 
-    def schedule(self, cfg: GenConfig) -> DraftSchedule:
+    def resolve(self, cfg: GenConfig, adapt: bool = False) -> GenConfig:
+        """cfg against this export, the one place a draft length meets the export's max_draft (a static verify
+        length): max_draft capped at it, num_assistant_tokens an int (or "auto") capped at max_draft. The drafter's
+        default adapts; a k the caller gave beyond the export is refused, unless adapt (a tool's "up to k")."""
         if cfg.auto:
-            cap = fit_draft(cfg.draft_cap, self.max_draft)
-            policy = self.auto_policy(cap)
-            return DraftSchedule("auto", policy.start(), cap, policy)
-        gen = self.manifest.generation
+            return replace(cfg, num_assistant_tokens="auto", max_draft=fit_draft(cfg.max_draft, self.max_draft))
         k = cfg.num_assistant_tokens or self.default_k
         assert isinstance(k, int)  # "auto" took the branch above
-        kind = cfg.schedule or gen.get("num_assistant_tokens_schedule", "constant")
-        cap = max(cfg.draft_cap, k)
-        if fit_draft(k, self.max_draft) < k:  # static verify length (LiteRT): k + 1 tokens must fit in it
+        if fit_draft(k, self.max_draft) < k and cfg.num_assistant_tokens is not None and not adapt:
             raise UsageError(f"this {self.backend.kind} export verifies at most {self.max_draft} drafts per round; use "
                              f"--num-assistant-tokens <= {self.max_draft} or re-export with a larger --max-draft")
-        return DraftSchedule(kind, k, fit_draft(cap, self.max_draft))
+        k = fit_draft(k, self.max_draft)
+        return replace(cfg, num_assistant_tokens=k, max_draft=fit_draft(max(cfg.max_draft, k), self.max_draft))
+
+    def schedule(self, cfg: GenConfig) -> DraftSchedule:
+        cfg = self.resolve(cfg)
+        k = cfg.num_assistant_tokens
+        if k == "auto":
+            policy = self.auto_policy(cfg.max_draft)
+            return DraftSchedule("auto", policy.start(), cfg.max_draft, policy)
+        assert isinstance(k, int)  # resolve gives an int or "auto"
+        kind = cfg.schedule or self.manifest.generation.num_assistant_tokens_schedule
+        return DraftSchedule(kind, k, cfg.max_draft)
 
     @cached_property
     def default_k(self) -> int:
-        """The drafter's num_assistant_tokens, capped by a static verify length (logged once per engine, not per
-        request): a default adapts."""
-        k = int(self.manifest.generation["num_assistant_tokens"])
-        if fit_draft(k, self.max_draft) < k:
+        """The drafter's num_assistant_tokens (resolve caps it by a static verify length; logged once per engine,
+        not per request: a default adapts)."""
+        k = self.manifest.generation.num_assistant_tokens
+        if self.max_draft is not None and k > self.max_draft:
             log.info("k = %d: the drafter's num_assistant_tokens (%d) capped by this %s export's verify length",
                      self.max_draft, k, self.backend.kind)
-        return fit_draft(k, self.max_draft)
+        return k
 
-    def auto_policy(self, k_max: int) -> AutoPolicy:
+    def auto_policy(self, max_draft: int) -> AutoPolicy:
         """The engine's auto policy, created and calibrated (a few timed calls) on first use."""
         if self.policy is None:
-            recorded = self.backend.options.get("acceptance_by_position") or ()  # the exporter's figure, if any
+            recorded = self.backend.options.acceptance_by_position or ()  # the exporter's figure, if any
             prior = [min(1.0, max(0.0, float(a))) for a in recorded]
-            self.policy = AutoPolicy(k_max, self.meter, prior=prior)
-            calibrate(*self.untimed, self.meter, k_max)
-        self.policy.k_max = k_max
+            self.policy = AutoPolicy(max_draft, self.meter, prior=prior)
+            calibrate(*self.untimed, self.meter, max_draft)
+        self.policy.max_draft = max_draft
         return self.policy
 
     def check_request(self, prompt_ids: list[int], cfg: GenConfig) -> None:

@@ -6,116 +6,51 @@ nothing is inferred from file names or tensor shapes. Bump SCHEMA_VERSION when a
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mtpkit.errors import ManifestError
 
-from .roles import BACKENDS, ROLES
-from .schema import check_manifest
+from .records import (OPTIONS, Backend, Generation, GraphFile, KVCache, KVLayer, LiteRtOptions, Model,  # noqa: F401
+                      OnnxOptions, Options, Quantization, Record, Signature, TensorSpec, Tokens, field)
+from .roles import BACKENDS
+from .schema import BOOL, DICT, STR, check_links, fields, integer, items, mapping, optional
 from .verified import VerifiedFiles, sha256_file  # noqa: F401  (sha256_file: the exporters' import)
 
-# 2: ONNX KV outputs named new.{i}.key/value (role new_key/new_value; they hold only the T new entries, unlike
-#    optimum's present.*), drafter store inputs tagged store_key/store_value with layer_type, target hidden
-#    states tagged activations, the shared embedding in backends.onnx.options, hf_files.
-SCHEMA_VERSION = 2
+# 3: every backend's KV capacity is kv_cache.capacity alone, LiteRT's verify takes options.max_draft + 1 tokens, and
+#    each backend's options are a record (records.OPTIONS) checked when read.
+SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    role: str  # what the runtime binds: input_ids, input_pos, past_key, logits, ...
-    shape: list  # ints, or strings for dynamic dims ("T", "past")
-    dtype: str  # numpy dtype name
-    layer: int | None = None  # target layer index, for KV tensors
-    seq_axis: int | None = None  # sequence axis of a KV state tensor (LiteRT stores V transposed)
-    layer_type: str | None = None  # sliding_attention | full_attention, for per-type tensors (drafter K/V, masks)
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ManifestError(f"tensor {self.name!r} has role {self.role!r}, which this mtpkit does not know "
-                                "(an export from a newer mtpkit?); upgrade mtpkit or re-export with this version")
-
-    @property
-    def key(self) -> tuple[str, int | str | None]:
-        """How runtimes address the tensor: (role, layer or layer type)."""
-        return self.role, self.layer if self.layer is not None else self.layer_type
+TOKENIZER = fields({"file": STR, "sha256": STR},
+                   {"add_bos": BOOL, "chat_template_file": optional(STR), "chat_template_sha256": optional(STR)})
+REFERENCE = optional(fields({"file": STR, "sha256": STR, "draft_lengths": items(integer(1))},
+                            {"arrays": STR, "arrays_sha256": STR}))
 
 
-@dataclass(frozen=True)
-class Signature:
-    graph: str  # key into Manifest.graphs
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-    num_tokens: int | None = None  # static token count, None when dynamic
-    backend_name: str | None = None  # the graph's own signature name (LiteRT); None for ONNX
-
-    def input(self, role: str, layer: int | str | None = None) -> TensorSpec:  # layer: an index or a layer type
-        return _find(self.inputs, role, layer)
-
-    def output(self, role: str, layer: int | str | None = None) -> TensorSpec:
-        return _find(self.outputs, role, layer)
-
-
-@dataclass(frozen=True)
-class KVLayer:
-    layer: int
-    type: str  # sliding_attention | full_attention
-    kv_heads: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class GraphFile:
-    file: str
-    sha256: str
-    bytes: int
-    backend: str  # onnx | litert
-    data_files: dict = field(default_factory=dict)  # external data file -> sha256
-    recipe: str = "fp32"  # quantization recipe of this graph's weights (export/config.py QUANT_RECIPES)
-
-
-@dataclass(frozen=True)
-class Backend:
-    """One graph format in the export folder: its files, signatures and how its KV cache is exchanged."""
-
-    kind: str  # onnx | litert
-    kv_io: str  # window: past window in, new entries out (ONNX); state: whole cache in and out (LiteRT)
-    graphs: dict[str, GraphFile]
-    signatures: dict[str, Signature]
-    options: dict = field(default_factory=dict)  # backend specifics: static lengths, mask values, bundle
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Backend":
-        d = dict(d)
-        d["graphs"] = {k: GraphFile(**v) for k, v in d["graphs"].items()}
-        d["signatures"] = {k: _signature(v) for k, v in d["signatures"].items()}
-        return cls(**d)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    schema_version: int
-    mtpkit_version: str
-    source: dict  # where target and drafter came from (path or hub id, revision)
-    model: dict  # vocab_size, hidden_size, sliding_window, num_layers, drafter_hidden_size, ...
-    tokens: dict  # bos, pad, eos (list)
-    tokenizer: dict  # file, sha256, add_bos, chat_template_file, chat_template_sha256
-    generation: dict  # num_assistant_tokens, max_cache_len
-    kv_cache: dict  # capacity, dtype, layers [KVLayer], drafter_layers {type: layer}
-    backends: dict[str, Backend]  # onnx and/or litert (runtime/roles.py BACKENDS)
-    quantization: dict
-    reference: dict | None = None  # file, sha256, arrays, arrays_sha256, draft_lengths
-    hf_files: dict = field(default_factory=dict)  # the target's config.json / generation_config.json, copied
-    export: dict = field(default_factory=dict)  # how to re-run the export: its flags, the writers' versions
-    measured: dict = field(default_factory=dict)  # per-phase time and peak memory, the preflight: differs run to run
-    root: Path = field(default=Path("."), compare=False)
+@dataclass(frozen=True, kw_only=True)
+class Manifest(Record):
+    schema_version: int = field(integer())
+    mtpkit_version: str = field(STR)
+    source: dict = field(DICT)  # where target and drafter came from (path or hub id, revision)
+    model: Model = field(record=Model)
+    tokens: Tokens = field(record=Tokens)
+    tokenizer: dict = field(TOKENIZER)  # file, sha256, add_bos, chat_template_file, chat_template_sha256
+    generation: Generation = field(record=Generation)
+    kv_cache: KVCache = field(record=KVCache)
+    backends: dict[str, Backend] = field(record=Backend, many="dict")  # onnx and/or litert (roles.py BACKENDS)
+    quantization: Quantization = field(record=Quantization)
+    reference: dict | None = field(REFERENCE, default=None)  # file, sha256, arrays, arrays_sha256, draft_lengths
+    hf_files: dict = field(mapping(STR), factory=dict)  # the target's config.json / generation_config.json, copied
+    export: dict = field(DICT, factory=dict)  # how to re-run the export: its flags, the writers' versions
+    measured: dict = field(DICT, factory=dict)  # per-phase time and peak memory, the preflight: differs run to run
+    root: Path = dataclasses.field(default=Path("."), compare=False)  # the export folder; not written
 
     @property
     def kv_layers(self) -> list[KVLayer]:
-        return [KVLayer(**d) for d in self.kv_cache["layers"]]
+        return self.kv_cache.layers
 
     def backend(self, kind: str | None = None) -> Backend:
         """The requested backend; when kind is None, the export's first in role-table order (roles.py BACKENDS),
@@ -129,7 +64,7 @@ class Manifest:
 
     @property
     def eos_ids(self) -> list[int]:
-        return list(self.tokens["eos"])
+        return list(self.tokens.eos)
 
     def path(self, name: str) -> Path:
         """A file the manifest names, refused unless it lies inside the export folder (no absolute paths, no
@@ -160,18 +95,15 @@ class Manifest:
             files.append(("reference arrays file", r["arrays"], r["arrays_sha256"]))
         return files
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("root")
-        return d
-
     def save(self, folder: Path) -> Path:
         out = Path(folder) / MANIFEST_NAME
-        out.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        out.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return out
 
     @classmethod
-    def from_dict(cls, d: dict, root: Path = Path(".")) -> "Manifest":
+    def read(cls, d: object, root: Path = Path(".")) -> "Manifest":
+        """Parsed manifest.json as records: its version first (compared exactly), then every field with its
+        type, then the references between fields, before any is used."""
         if not isinstance(d, dict):
             raise ManifestError(f"manifest.json must hold a JSON object (got {type(d).__name__}); re-export the model")
         version = d.get("schema_version")
@@ -180,24 +112,9 @@ class Manifest:
             raise ManifestError(
                 f"manifest schema_version {version}{made_by} is not supported: this mtpkit reads version "
                 f"{SCHEMA_VERSION}; re-export the model with this mtpkit (`mtpkit export ...`)")
-        check_manifest(d)  # every field a runtime reads, with its type, before any is used
-        d = dict(d)
-        d["backends"] = {k: Backend.from_dict(v) for k, v in d["backends"].items()}
-        return cls(**d, root=Path(root))
-
-
-def _signature(d: dict) -> Signature:
-    d = dict(d)
-    d["inputs"] = [TensorSpec(**t) for t in d["inputs"]]
-    d["outputs"] = [TensorSpec(**t) for t in d["outputs"]]
-    return Signature(**d)
-
-
-def _find(specs: list[TensorSpec], role: str, layer: int | str | None) -> TensorSpec:
-    for t in specs:
-        if t.role == role and (layer is None or t.layer == layer or t.layer_type == layer):
-            return t
-    raise ManifestError(f"manifest has no tensor with role {role!r}" + (f" for layer {layer}" if layer is not None else ""))
+        manifest = cls.from_json(d, "")
+        check_links(d)
+        return dataclasses.replace(manifest, root=Path(root))
 
 
 def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
@@ -220,7 +137,7 @@ def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
     except OSError as e:
         raise ManifestError(f"{mpath} cannot be read ({e.strerror}); check its permissions") from e
     try:
-        manifest = Manifest.from_dict(data, root)
+        manifest = Manifest.read(data, root)
     except (TypeError, KeyError) as e:
         raise ManifestError(f"{mpath} is malformed ({e}); re-export the model") from e
     if verify:

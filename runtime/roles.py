@@ -1,9 +1,10 @@
 """The role table: every tensor role a graph signature may carry, and every backend mtpkit knows.
 
 Exporters name tensors however their format wants and tag each with one of these roles; runtimes bind by
-(role, layer) and never by name. manifest.TensorSpec refuses a role missing here, so the table cannot drift
-from what the graphs carry. A new backend adds its row to BACKENDS (and new roles, if any), one export module
-export/backends/<kind>.py and one runtime module runtime/backends/<kind>.py; everything else finds it through
+(role, layer) and never by name. records.TensorSpec refuses a role missing here, so the table cannot drift
+from what the graphs carry. A new backend adds its row to BACKENDS (and new roles, if any), its options record
+(runtime/records.py OPTIONS), one export module export/backends/<kind>.py and one runtime module
+runtime/backends/<kind>.py; everything else finds it through
 them (tests/test_third_backend.py registers one that way and runs it end to end).
 """
 

@@ -1,9 +1,9 @@
-"""The shape of manifest.json, checked before any field is used.
+"""The checks manifest.json's fields are read with, and the cross-references between its records.
 
 A missing field or a value of the wrong type is a ManifestError that names the field (`kv_cache.capacity must be
-an integer >= 1 (got "abc")`), never a TypeError or KeyError from deep inside a runtime. Only what the runtimes
-read is checked; other fields (source, quantization, ...) only need their container type. Keys not listed are
-allowed, as long as the dataclasses in manifest.py accept them.
+an integer >= 1 (got "abc")`), never a TypeError or KeyError from deep inside a runtime. Each record field names its
+check (runtime/records.py); check_links then checks what one field says about another (a signature's graph, a KV
+tensor's layer).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any, Callable, NoReturn
 
 from mtpkit.errors import ManifestError
 
-from .roles import BACKENDS, ROLES
 
 Check = Callable[[object, str], None]
 INT32_MAX = 2**31 - 1
@@ -99,7 +98,7 @@ def fields(required: dict[str, Check], optional_fields: dict[str, Check] | None 
     return run
 
 
-def _shape_dim(v: object, where: str) -> None:
+def shape_dim(v: object, where: str) -> None:
     if not (isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT32_MAX)):
         _fail(where, "a size (an integer >= 0) or a symbolic name", v)
 
@@ -109,38 +108,7 @@ def release(v: object, where: str) -> None:
         _fail(where, 'a release like "1.20"', v)
 
 
-TENSOR = fields({"name": STR, "role": one_of(*ROLES), "shape": items(_shape_dim), "dtype": dtype},
-                {"layer": optional(integer()), "seq_axis": optional(integer()), "layer_type": optional(STR)})
-SIGNATURE = fields({"graph": STR, "inputs": items(TENSOR), "outputs": items(TENSOR)},
-                   {"num_tokens": optional(integer(1)), "backend_name": optional(STR)})
-GRAPH = fields({"file": STR, "sha256": STR, "bytes": integer(0, 2**63 - 1), "backend": STR},
-               {"data_files": mapping(STR), "recipe": STR})
-# options: each backend checks its own (check_options of runtime/backends/<kind>.py)
-BACKEND = fields({"kind": STR, "kv_io": one_of("window", "state"), "graphs": mapping(GRAPH, 1),
-                  "signatures": mapping(SIGNATURE, 1)},
-                 # every backend's export records the drafter's acceptance on its graphs (auto's prior); the rest
-                 # of options each backend checks itself (check_options of runtime/backends/<kind>.py)
-                 {"options": fields({}, {"acceptance_by_position": items(NUMBER)})})
-LAYER_TYPES = ("sliding_attention", "full_attention")
 KV_ROLES = ("past_key", "past_value", "new_key", "new_value", "kv_key", "kv_value", "store_key", "store_value")
-KV_LAYER = fields({"layer": integer(), "type": one_of(*LAYER_TYPES),
-                   "kv_heads": integer(1), "head_dim": integer(1)})
-MANIFEST = fields({
-    "schema_version": integer(), "mtpkit_version": STR, "source": DICT, "quantization": DICT,
-    "model": fields({"vocab_size": integer(1), "hidden_size": integer(1), "sliding_window": integer(1)},
-                    {"final_logit_softcapping": optional(NUMBER), "max_position_embeddings": integer(1)}),
-    "tokens": fields({"eos": items(integer())}, {"bos": optional(integer()), "pad": optional(integer())}),
-    "tokenizer": fields({"file": STR, "sha256": STR},
-                        {"add_bos": BOOL, "chat_template_file": optional(STR), "chat_template_sha256": optional(STR)}),
-    "generation": fields({"num_assistant_tokens": integer(1)},
-                         {"num_assistant_tokens_schedule": STR}),
-    "kv_cache": fields({"capacity": integer(1), "layers": items(KV_LAYER, 1), "sliding_past": integer(),
-                        "drafter_sliding_visible": integer(),
-                        "drafter_layers": fields({t: integer() for t in LAYER_TYPES})}),
-    "backends": mapping(BACKEND, 1),
-}, {"reference": optional(fields({"file": STR, "sha256": STR, "draft_lengths": items(integer(1))},
-                                {"arrays": STR, "arrays_sha256": STR})),
-    "hf_files": mapping(STR), "export": DICT, "measured": DICT})
 
 
 def _check_kv_tensors(tensors: list[dict], layers: set, where: str) -> None:
@@ -167,13 +135,9 @@ def _check_hashed(entry: dict, where: str, file_key: str, hash_key: str) -> None
         raise ManifestError(f"manifest.json: {where}.{hash_key} is missing; re-export the model with this mtpkit")
 
 
-def check_manifest(data: Any) -> None:
-    """Raise ManifestError naming the first field of `data` (parsed manifest.json) that a runtime cannot use."""
-    from .backends import backend_module  # it imports the manifest module, which imports this one
-
-    if not isinstance(data, dict):
-        _fail("the top level", "an object", data)
-    MANIFEST(data, "")
+def check_links(data: dict) -> None:
+    """Raise ManifestError naming the first field of `data` (manifest.json, its records already read) that names
+    something the manifest does not have."""
     _check_hashed(data["tokenizer"], "tokenizer", "chat_template_file", "chat_template_sha256")
     if data.get("reference") is not None:
         _check_hashed(data["reference"], "reference", "arrays", "arrays_sha256")
@@ -189,10 +153,6 @@ def check_manifest(data: Any) -> None:
             if sig["graph"] not in backend["graphs"]:
                 _fail(f"{where}.graph", f"one of {', '.join(backend['graphs'])}", sig["graph"])
             _check_kv_tensors(sig["inputs"] + sig["outputs"], layers, where)
-        if kind in BACKENDS:  # a kind this mtpkit does not know is refused only when it is opened
-            check_options = getattr(backend_module(kind), "check_options", None)
-            if check_options:
-                check_options(backend.get("options", {}), f"backends.{kind}.options")
     capacity, limit = data["kv_cache"]["capacity"], data["model"].get("max_position_embeddings")
     if limit is not None and capacity > limit:
         _fail("kv_cache.capacity", f"at most model.max_position_embeddings ({limit})", capacity)

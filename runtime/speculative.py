@@ -21,7 +21,8 @@ DEFAULT_NUM_ASSISTANT_TOKENS = 4  # the draft length when a drafter's generation
 
 
 def fit_draft(k: int, max_draft: int | None) -> int:
-    """A draft length capped by the most drafts one verify call takes (None: a dynamic verify takes any)."""
+    """A draft length capped by the most drafts one verify call takes (None: a dynamic verify takes any); applied
+    where a generation config meets an export (Engine.resolve) and nowhere else."""
     return k if max_draft is None else min(k, max_draft)
 
 
@@ -37,7 +38,7 @@ class DraftSchedule:
 
     kind: str = "constant"
     k: int = DEFAULT_NUM_ASSISTANT_TOKENS
-    cap: int = 16
+    max_draft: int = 16  # the most drafts a round may take
     policy: DraftPolicy | None = None
 
     def __post_init__(self) -> None:
@@ -47,14 +48,14 @@ class DraftSchedule:
             raise ValueError("the auto schedule, and only it, takes a policy (runtime/auto.py AutoPolicy)")
         if self.k < (0 if self.policy else 1):
             raise ValueError(f"number of draft tokens must be >= 1 (got {self.k}); use --no-mtp to disable drafting")
-        if self.cap < self.k:
-            raise ValueError(f"draft cap {self.cap} is below the initial draft length {self.k}")
+        if self.max_draft < self.k:
+            raise ValueError(f"max_draft {self.max_draft} is below the initial draft length {self.k}")
 
     def update(self, accepted: int, drafted: int) -> None:
         if self.policy is not None:
-            self.k = min(self.cap, self.policy.update(accepted, drafted))
+            self.k = min(self.max_draft, self.policy.update(accepted, drafted))
         elif self.kind == "heuristic" and drafted:  # drafted == 0 only in a run's clipped last round
-            self.k = min(self.cap, self.k + 2) if accepted == drafted else max(1, self.k - 1)
+            self.k = min(self.max_draft, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
 
 def speculative_generate(target: Target[View], drafter: Drafter[View], prompt: list[int], sampler: Sampler,

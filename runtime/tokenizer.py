@@ -28,7 +28,7 @@ class TextCodec:
         except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
             reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
             raise ManifestError(f"{path} is not a valid tokenizer.json ({reason}); re-export the model") from e
-        self.bos = manifest.tokens.get("bos")
+        self.bos = manifest.tokens.bos
         self.add_bos = bool(entry.get("add_bos", True)) and self.bos is not None
         self.template, self.template_path = None, None
         if entry.get("chat_template_file"):

@@ -36,7 +36,7 @@ def test_prompts_file_lines_are_checked_and_named(tmp_path):
 
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(repeats=0), "--repeats must be >= 1"),
-    (dict(max_k=0), "--max-k must be >= 1"),
+    (dict(max_draft=0), "--max-draft must be >= 1"),
     (dict(num_assistant_tokens=0), "--num-assistant-tokens must be >= 1 or 'auto'"),
     (dict(num_assistant_tokens="auto", schedule="heuristic"), "contradict each other"),
     (dict(max_new_tokens=0), "--max-new-tokens must be >= 1"),
@@ -47,17 +47,25 @@ def test_bench_config_validation(kwargs, needle):
         BenchConfig(**kwargs)
 
 
-def test_max_k_follows_a_static_verify_length():
-    """`mtpkit bench DIR --backend litert` failed at its first k = 5 run with a hint about the wrong flag: the
-    default max_k now fits the export's verify graph, and an explicit one beyond it is refused up front."""
+def test_max_draft_follows_a_static_verify_length():
+    """`mtpkit bench DIR --backend litert` measures k = 1..the export's max_draft by default; an explicit
+    --max-draft beyond it is refused up front instead of failing at its first run."""
     import types
 
-    litert = types.SimpleNamespace(max_draft=4, backend=types.SimpleNamespace(kind="litert"))
-    onnx = types.SimpleNamespace(max_draft=None, backend=types.SimpleNamespace(kind="onnx"))
-    assert BenchConfig().fitted(litert).max_k == 4 and BenchConfig().fitted(onnx).max_k == 8
-    assert BenchConfig(max_k=3).fitted(litert).max_k == 3 and BenchConfig(max_k=12).fitted(onnx).max_k == 12
-    with pytest.raises(ValueError, match=r"--max-k 6: this litert export verifies at most 4 drafts .* --max-k <= 4"):
-        BenchConfig(max_k=6).fitted(litert)
+    from mtpkit.runtime.engine import Engine
+
+    def engine(kind, max_draft):
+        engine = object.__new__(Engine)  # resolve() reads only these for an auto config
+        engine.max_draft, engine.backend = max_draft, types.SimpleNamespace(kind=kind)
+        return engine
+
+    litert, onnx = engine("litert", 4), engine("onnx", None)
+    assert BenchConfig().fitted(litert).max_draft == 4 and BenchConfig().fitted(onnx).max_draft == 8
+    assert BenchConfig(max_draft=3).fitted(litert).max_draft == 3
+    assert BenchConfig(max_draft=12).fitted(onnx).max_draft == 12
+    with pytest.raises(ValueError, match=r"--max-draft 6: this litert export verifies at most 4 drafts .* "
+                                         r"--max-draft <= 4"):
+        BenchConfig(max_draft=6).fitted(litert)
     assert list(BenchConfig().fitted(litert).modes())[2:] == [1, 2, 3, 4]
     with pytest.raises(ValueError, match="fit the config"):
         BenchConfig().modes()
@@ -80,14 +88,14 @@ def report(tiny_exports):
     from mtpkit.bench.sweep import run_bench
 
     prompts = [BenchPrompt("code", "f", "def f(x):"), BenchPrompt("prose", "p", "Once upon a time")]
-    return run_bench(tiny_exports("e2b_gemma4_centroid"), BenchConfig(repeats=1, max_new_tokens=8, max_k=3), prompts,
+    return run_bench(tiny_exports("e2b_gemma4_centroid"), BenchConfig(repeats=1, max_new_tokens=8, max_draft=3), prompts,
                      threads=1)
 
 
 @pytest.mark.slow
 def test_report_schema(report):
     assert set(report) >= {"config", "backend", "threads", "rows", "categories", "median_speedup"}
-    assert report["threads"] == {"target": 1, "drafter": 1} and report["config"]["max_k"] == 3
+    assert report["threads"] == {"target": 1, "drafter": 1} and report["config"]["max_draft"] == 3
     for row in report["rows"]:
         assert [k["k"] for k in row["ks"]] == [1, 2, 3]
         for k in row["ks"]:
@@ -122,7 +130,7 @@ def test_bench_cli_prompts_file_and_output_folder(tiny_exports, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"category": "code", "prompt": "def f(x):"}\n')
     result = _cli("bench", tiny_exports("e2b_gemma4_centroid"), "--prompts", prompts, "--repeats", "1",
-                  "--max-new-tokens", "6", "--max-k", "2", "--out", tmp_path / "out")
+                  "--max-new-tokens", "6", "--max-draft", "2", "--out", tmp_path / "out")
     assert result.returncode == 0, result.stderr
     assert "k=1" in result.stdout and "k=2" in result.stdout and "median speedup" in result.stdout
     assert result.stderr == ""  # no progress line: stderr is not a terminal
@@ -137,7 +145,7 @@ def test_bench_cli_prompts_file_and_output_folder(tiny_exports, tmp_path):
     (["-k", "x"], "must be a positive integer or 'auto' (got 'x')"),
     (["-k", "auto", "--schedule", "constant"], "contradict each other"),
     (["-k", "3", "--schedule", "auto"], "contradict each other"),
-    (["--draft-cap", "0"], "--draft-cap must be >= 1"),
+    (["--max-draft", "0"], "--max-draft must be >= 1"),
 ])
 def test_run_refuses_bad_draft_lengths(tiny_exports, args, needle):
     result = _cli("run", tiny_exports("e2b_gemma4_centroid"), "--prompt", "hi", *args)

@@ -33,17 +33,17 @@ def test_decode_weights_are_the_linear_weights_on_both_backends(litert_exports, 
 
 def test_one_table_compares_every_export_given(litert_exports, call_costs, tmp_path):
     out = litert_exports(NAME)
-    argv = [f"{out}@onnx", f"{out}@litert", "--threads", "1", "--past", "20", "--rounds", "1", "--max-k", "3",
+    argv = [f"{out}@onnx", f"{out}@litert", "--threads", "1", "--past", "20", "--rounds", "1", "--max-draft", "3",
             "--acceptance", "0.7,0.7,0.7", "--acceptance", "0.4,0.3", "--no-bandwidth", "--json", str(tmp_path / "r.json"),
             "--out", str(tmp_path / "r.md")]
     assert call_costs.main(argv) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     onnx, litert = report["rows"]
     assert (onnx["backend"], litert["backend"]) == ("onnx", "litert")
-    assert list(onnx["verify_ms"]) == ["1", "2", "3"]  # dynamic shapes: --max-k
+    assert list(onnx["verify_ms"]) == ["1", "2", "3"]  # dynamic shapes: --max-draft
     assert list(litert["verify_ms"]) == [str(k) for k in range(1, 9)]  # the export's static max_draft
     fastest = min(onnx["decode_ms"], litert["decode_ms"])
-    assert (len(onnx["draft_steps_ms"]), len(litert["draft_steps_ms"])) == (3, 8)  # a round of k_max steps
+    assert (len(onnx["draft_steps_ms"]), len(litert["draft_steps_ms"])) == (3, 8)  # a round of max_draft steps
     for row in (onnx, litert):
         assert row["draft_ms"] == pytest.approx(sum(row["draft_steps_ms"]) / len(row["draft_steps_ms"]))
         # k drafts cost the round's first k steps: k = 1 is charged the first step alone

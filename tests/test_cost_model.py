@@ -45,7 +45,7 @@ def test_best_k_picks_the_fastest_and_plain_when_drafting_cannot_pay():
     acc = [0.9, 0.8, 0.7, 0.6, 0.5]
     times = [time_per_token(cheap, acc, k) for k in range(6)]
     assert best_k(cheap, acc, 5) == int(np.argmin(times)) > 0
-    assert best_k(cheap, acc, 1) == 1  # k_max caps it
+    assert best_k(cheap, acc, 1) == 1  # max_draft caps it
     costly = Costs(draft=0.8, target=(1.0, 1.1, 1.2))
     assert best_k(costly, [0.5, 0.5], 2) == 0  # 1.9 per 1.5 tokens > 1.0 per token
     assert best_k(cheap, [0.0] * 5, 5) == 0  # nothing is ever accepted

@@ -101,7 +101,7 @@ def test_a_killed_export_keeps_the_previous_one_and_a_rerun_cleans_up(tmp_path, 
     export_model(ExportConfig(target=str(target), drafter=str(drafter), out=out, force=True, max_cache_len=64,
                               reference_tokens=4))
     assert len(saved) == 1 and saved[0].name.startswith(".out.partial-")  # once, at the end, before the rename
-    assert load_manifest(out).kv_cache["capacity"] == 64  # the new export replaced the old one
+    assert load_manifest(out).kv_cache.capacity == 64  # the new export replaced the old one
     assert _leftovers(out) == []  # the killed run's partial folder and the lock file are gone
 
 

@@ -58,17 +58,18 @@ def test_the_drafters_k_adapts_to_a_shorter_static_verify_and_an_explicit_k_is_r
     import types
 
     from mtpkit.runtime.engine import Engine, GenConfig
+    from mtpkit.runtime.records import Generation
 
     def engine(max_draft):
         engine = object.__new__(Engine)  # schedule() reads only these
-        engine.manifest = types.SimpleNamespace(generation={"num_assistant_tokens": 4})
+        engine.manifest = types.SimpleNamespace(generation=Generation(num_assistant_tokens=4))
         engine.max_draft, engine.backend = max_draft, types.SimpleNamespace(kind="litert")
         return engine
 
     litert = engine(3)
     with caplog.at_level(logging.INFO, logger="mtpkit"):
         schedules = [litert.schedule(GenConfig(schedule="constant")) for _ in range(3)]
-    assert [(s.kind, s.k, s.cap) for s in schedules] == [("constant", 3, 3)] * 3
+    assert [(s.kind, s.k, s.max_draft) for s in schedules] == [("constant", 3, 3)] * 3
     said = "k = 3: the drafter's num_assistant_tokens (4) capped by this litert export's verify length"
     assert caplog.text.count(said) == 1  # once per engine: `mtpkit bench` runs many requests
     with pytest.raises(UsageError, match="verifies at most 3 drafts per round"):
@@ -140,7 +141,7 @@ def test_the_default_int4_export_passes_on_a_word_level_tokenizer_and_says_it_co
     with caplog.at_level(logging.INFO, logger="mtpkit"):
         out = mtpkit.export_pair(target, drafter, tmp_path / "out", quant="int4", quality_gate=False,
                                  reference_tokens=8, max_cache_len=128)
-    labels = load_manifest(out).backend("onnx").options["quantization"]["target"]["tensors"]
+    labels = load_manifest(out).backend("onnx").options.quantization["target"]["tensors"]
     compensated = {n for n, e in labels.items() if e.endswith("/gptq")}
     assert compensated and all(("gate_proj" in n or "up_proj" in n) for n in compensated)
     assert f"int4 error compensation (GPTQ) on for {len(compensated)} weights" in caplog.text

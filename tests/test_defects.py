@@ -18,7 +18,7 @@ def test_litert_prefill_records_the_whole_logical_call():
 
     target = StateTarget.__new__(StateTarget)
     target.kv = types.SimpleNamespace(last=LastCall(), capacity=256)
-    target.prefill, target.verify_len, target.calls = [{"num_tokens": 4, "signature": "prefill_4"}], 5, 0
+    target.prefill, target.max_draft, target.calls = [{"num_tokens": 4, "signature": "prefill_4"}], 4, 0
     calls = []
 
     def fake_call(signature, ids, pos):
@@ -39,7 +39,7 @@ def test_litert_prefill_counts_as_one_target_call():
 
     target = StateTarget.__new__(StateTarget)
     target.kv = types.SimpleNamespace(last=LastCall(), capacity=256)
-    target.prefill, target.verify_len, target.calls = [{"num_tokens": 4, "signature": "prefill_4"}], 5, 0
+    target.prefill, target.max_draft, target.calls = [{"num_tokens": 4, "signature": "prefill_4"}], 4, 0
     graph_calls = []
 
     def fake_call(signature, ids, pos):

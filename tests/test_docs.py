@@ -12,9 +12,10 @@ How docs/manifest.md must list the manifest's fields (test_manifest_reference_li
 - A path joins names with dots. A key of a dict of records is a placeholder in angle brackets (any word:
   `backends.<kind>`); an item of a list of records is `[]` (`backends.<kind>.signatures.<name>.inputs[].role`).
 - Every field of every dataclass that Manifest.to_dict writes gets a row, containers included (`backends`,
-  `backends.<kind>.graphs`), and nothing else, except: keys inside a free-form object (a plain `dict` in
-  runtime/manifest.py, e.g. `model`, `kv_cache`, `backends.<kind>.options`) may get rows of their own
-  (`kv_cache.capacity`); the schema code does not name them, so they are not checked.
+  `backends.<kind>.graphs`), and nothing else, except: keys inside a free-form object (a plain `dict` field of a
+  record in runtime/records.py or runtime/manifest.py, e.g. `source`, `backends.<kind>.options.embedding`) may get
+  rows of their own (`source.<side>.ref`); no record names them, so they are not checked. A record field's record
+  is walked with each kind's record of it (`backends.<kind>.options`: records.OPTIONS).
 """
 
 from __future__ import annotations
@@ -263,6 +264,9 @@ def _walk(cls: type, prefix: str, paths: dict[str, bool]) -> None:
             _walk(args[1], f"{path}.{key}.", paths)
         elif origin is list and args and dataclasses.is_dataclass(args[0]):
             _walk(args[0], f"{path}[].", paths)
+        elif dataclasses.is_dataclass(hint):  # a record, and each kind's record of it (backend options)
+            for record in (hint, *hint.__subclasses__()):
+                _walk(record, f"{path}.", paths)
         elif hint is dict or (args and args[0] is dict):  # dict or dict | None
             paths[path] = True
 
@@ -276,7 +280,7 @@ def manifest_fields() -> dict[str, bool]:
     _walk(Manifest, "", paths)
     required = {f.name: None for f in dataclasses.fields(Manifest)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    written = set(Manifest(**required).to_dict())  # to_dict drops fields that are not written (root)
+    written = set(Manifest(**required).to_json())  # to_json drops fields that are not written (root)
     return {p: free for p, free in paths.items() if re.split(r"[.\[]", p, maxsplit=1)[0] in written}
 
 
@@ -439,8 +443,10 @@ def test_check_commands_reports_an_unknown_subcommand(tmp_path, options):
 def test_manifest_fields_follow_the_dataclasses():
     fields = manifest_fields()
     normal = {_normal(p): free for p, free in fields.items()}
-    assert "root" not in fields  # Manifest.to_dict drops it
-    assert normal["backends.<>.graphs.<>.bytes"] is False and normal["model"] is True, fields
+    assert "root" not in fields  # Manifest.to_json drops it
+    assert normal["backends.<>.graphs.<>.bytes"] is False and normal["source"] is True, fields
+    assert normal["model.vocab_size"] is False and normal["kv_cache.capacity"] is False, fields  # records, not dicts
+    assert normal["backends.<>.options.max_draft"] is False and normal["backends.<>.options.embedding"] is True, fields
     assert "backends.<>.signatures.<>.inputs[].role" in normal, fields
 
 
@@ -459,7 +465,7 @@ def test_check_manifest_page_reports_a_missing_page(tmp_path):
 
 def test_check_manifest_page_reports_a_missing_or_extra_field(tmp_path):
     fields = manifest_fields()
-    free_key = "\n| `kv_cache.capacity` | a key inside a free-form object: allowed |"
+    free_key = "\n| `source.target.ref` | a key inside a free-form object: allowed |"
     assert check_manifest_page(_manifest_page(tmp_path, fields, extra=free_key), fields) == []
     problems = check_manifest_page(_manifest_page(tmp_path, fields, drop=3), fields)
     assert len(problems) == 1 and problems[0].endswith(f"`{list(fields)[3]}` is missing (runtime/manifest.py "

@@ -31,12 +31,12 @@ def test_export_writes_manifest_and_passes_graph_parity(tiny_exports, name):
 def test_kv_layout_lists_only_kv_owning_layers(tiny_exports, name):
     manifest = load_manifest(tiny_exports(name))
     layers = manifest.kv_layers
-    n_layers = manifest.model["num_layers"]
+    n_layers = manifest.model.num_layers
     shared = 5 if VARIANTS[name]["shape"] == "e2b" else 6
     assert [d.layer for d in layers] == list(range(n_layers - shared))
     heads = {d.type: d.head_dim for d in layers}
     assert heads == {"sliding_attention": 32, "full_attention": 64}  # dual head dims survive
-    store = manifest.kv_cache["drafter_layers"]
+    store = manifest.kv_cache.drafter_layers
     owners = {t: max(d.layer for d in layers if d.type == t) for t in heads}
     assert store == owners  # the drafter reads the last owner of each type
     target_inputs = {t.name for t in manifest.backend("onnx").signatures["verify"].inputs}
@@ -51,7 +51,7 @@ def test_embedding_table_is_stored_once_and_shared_with_the_host(tiny_exports):
 
     out = tiny_exports("e2b_gemma4_centroid")
     manifest = load_manifest(out)
-    emb = manifest.backend("onnx").options["embedding"]
+    emb = manifest.backend("onnx").options.embedding
     table = np.fromfile(out / emb["file"], dtype=np.float32).reshape(emb["shape"])
     model = onnx.load(str(out / "target.onnx"), load_external_data=False)
     external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
@@ -61,7 +61,7 @@ def test_embedding_table_is_stored_once_and_shared_with_the_host(tiny_exports):
     assert set(location.values()) == {emb["file"], "target.onnx.data"}
     inline = [t for t in model.graph.initializer if tuple(t.dims) == tuple(emb["shape"])]
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in inline)  # no second inline copy
-    assert emb["scale"] == pytest.approx(np.sqrt(manifest.model["hidden_size"]))
+    assert emb["scale"] == pytest.approx(np.sqrt(manifest.model.hidden_size))
     assert manifest.backend("onnx").graphs["target"].data_files == {
         f: sha256_file(out / f) for f in (emb["file"], "target.onnx.data")}
     assert table.std() > 0
@@ -71,7 +71,7 @@ def test_reference_covers_long_prompts_and_all_draft_lengths(tiny_exports):
     out = tiny_exports("e2b_gemma4_centroid")
     manifest = load_manifest(out)
     ref = json.loads((out / manifest.reference["file"]).read_text())
-    window = manifest.model["sliding_window"]
+    window = manifest.model.sliding_window
     assert max(len(p["prompt_ids"]) for p in ref["prompts"]) > window + 8
     assert min(len(p["prompt_ids"]) for p in ref["prompts"]) < window
     for entry in ref["prompts"]:
@@ -86,9 +86,9 @@ def test_manifest_records_sources_tokens_and_template(tiny_exports, tiny_checkpo
     assert manifest.source["target"]["ref"] == str(target)
     assert manifest.source["target"]["model_type"] == "gemma4"
     assert manifest.source["drafter"]["model_type"] == "gemma4_assistant"
-    assert manifest.tokens["eos"] == [1, 6] and manifest.tokens["bos"] == 2
+    assert manifest.tokens.eos == [1, 6] and manifest.tokens.bos == 2
     assert (manifest.root / manifest.tokenizer["chat_template_file"]).read_text().startswith("{{ bos_token }}")
-    assert manifest.generation["num_assistant_tokens"] == 4
+    assert manifest.generation.num_assistant_tokens == 4
     assert manifest.quantization == {"recipe": "fp32", "drafter_recipe": "fp32", "ple_recipe": "int8",
                                      "block_size": 32, "accuracy_level": 4, "kv_cache": "float32"}
     assert {g.recipe for g in manifest.backend("onnx").graphs.values()} == {"fp32"}
@@ -110,8 +110,8 @@ def test_graphs_are_fused_within_the_node_budget(tiny_exports, name):
     out = tiny_exports(name)
     manifest = load_manifest(out)
     counts = node_counts(out)
-    assert manifest.backend("onnx").options["nodes"] == {g: c["nodes"] for g, c in counts.items()}
-    assert counts["target"]["layers"] == manifest.model["num_layers"]
+    assert manifest.backend("onnx").options.nodes == {g: c["nodes"] for g, c in counts.items()}
+    assert counts["target"]["layers"] == manifest.model.num_layers
     assert counts["target"]["per_layer"] <= 0.4 * 926 / 10
     assert counts["drafter"]["per_layer"] <= 0.4 * 274 / 4
     for graph, c in counts.items():
@@ -134,7 +134,7 @@ def test_no_fuse_exports_standard_ops_that_run_on_older_runtimes(unfused_export,
     for graph, c in node_counts(unfused_export).items():
         assert UNFUSED_OPS & set(c["ops"]) and not FUSED_OPS - {"Gelu"} & set(c["ops"]), (graph, c["ops"])
     assert "min_onnxruntime" not in load_manifest(unfused_export).backend("onnx").options
-    assert load_manifest(tiny_exports("e2b_gemma4_centroid")).backend("onnx").options["min_onnxruntime"] == "1.20"
+    assert load_manifest(tiny_exports("e2b_gemma4_centroid")).backend("onnx").options.min_onnxruntime == "1.20"
     from mtpkit.cli import main
 
     assert main(["--quiet", "parity", str(unfused_export)]) == 0  # token-for-token with transformers
@@ -172,5 +172,5 @@ def test_graph_bench_reports_nodes_and_call_times(tiny_exports, unfused_export, 
 def test_export_records_the_drafters_acceptance_prior(tiny_exports):
     """backends.onnx.options.acceptance_by_position: what `--num-assistant-tokens auto` starts from."""
     manifest = load_manifest(tiny_exports("e2b_gemma4_centroid"))
-    acceptance = manifest.backend("onnx").options["acceptance_by_position"]
+    acceptance = manifest.backend("onnx").options.acceptance_by_position
     assert len(acceptance) == 8 and all(0.0 <= a <= 1.0 for a in acceptance)

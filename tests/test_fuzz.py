@@ -130,9 +130,9 @@ VALUES = (st.none() | st.booleans() | st.integers(-5, 10**13) | st.floats(allow_
 
 
 @BOUNDED
-@given(max_new_tokens=VALUES, mtp=VALUES, k=VALUES, schedule=VALUES, draft_cap=VALUES, kv_handoff=VALUES,
+@given(max_new_tokens=VALUES, mtp=VALUES, k=VALUES, schedule=VALUES, max_draft=VALUES, kv_handoff=VALUES,
        temperature=VALUES, top_k=VALUES, top_p=VALUES, seed=VALUES)
-def test_any_generation_option_is_accepted_sanely_or_is_a_usage_error(max_new_tokens, mtp, k, schedule, draft_cap,
+def test_any_generation_option_is_accepted_sanely_or_is_a_usage_error(max_new_tokens, mtp, k, schedule, max_draft,
                                                                       kv_handoff, temperature, top_k, top_p, seed):
     from mtpkit.runtime.engine import GenConfig
     from mtpkit.runtime.sampling import SamplingConfig
@@ -140,11 +140,11 @@ def test_any_generation_option_is_accepted_sanely_or_is_a_usage_error(max_new_to
     try:
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
         cfg = GenConfig(max_new_tokens=max_new_tokens, mtp=mtp, num_assistant_tokens=k, schedule=schedule,
-                        draft_cap=draft_cap, kv_handoff=kv_handoff, sampling=sampling)
+                        max_draft=max_draft, kv_handoff=kv_handoff, sampling=sampling)
     except UsageError:
         return
     assert 0 <= sampling.temperature < float("inf") and 0 < sampling.top_p <= 1 and sampling.top_k >= 0
-    assert cfg.max_new_tokens >= 1 and cfg.draft_cap >= 1 and isinstance(cfg.mtp, bool)
+    assert cfg.max_new_tokens >= 1 and cfg.max_draft >= 1 and isinstance(cfg.mtp, bool)
     assert cfg.num_assistant_tokens in (None, "auto") or cfg.num_assistant_tokens >= 1
 
 

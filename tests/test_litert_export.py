@@ -60,7 +60,7 @@ class LiteRTGraphs:
         return np.concatenate(emb, axis=1), np.concatenate(ple, axis=1)
 
     def causal_mask(self, pos: int, count: int) -> np.ndarray:
-        mask = np.full((1, 1, count, self.info["cache_len"]), self.hidden, np.float32)
+        mask = np.full((1, 1, count, CACHE), self.hidden, np.float32)
         for i in range(count):
             mask[0, 0, i, : pos + i + 1] = 0.0
         return mask

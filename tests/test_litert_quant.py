@@ -72,8 +72,8 @@ def test_graphs_carry_the_recipe_and_shrink(quantized, float_export):
         assert q_bytes < TABLE_RATIO[EXPECTED[recipe][table]] * float_bytes, (table, sizes[table])
     assert lite.graphs["bundle"].recipe == recipe
     assert lite.graphs["bundle"].bytes < float_lite.graphs["bundle"].bytes
-    assert lite.options["bundle"]["section_recipes"]["tf_lite_mtp_drafter"] == recipe
-    assert {lite.options["quantization"][n]["recipe"] for n in TFLITE} == set(EXPECTED[recipe].values())
+    assert lite.options.bundle["section_recipes"]["tf_lite_mtp_drafter"] == recipe
+    assert {lite.options.quantization[n]["recipe"] for n in TFLITE} == set(EXPECTED[recipe].values())
     # weights only: every signature (names, shapes, dtypes, roles; the KV cache float32) is the float one
     assert lite.signatures == float_lite.signatures
     assert {t.dtype for t in lite.signatures["decode"].inputs if t.role.startswith("kv_")} == {"float32"}
@@ -173,7 +173,7 @@ def test_int4_picks_the_block_per_tensor_where_the_width_is_not_a_multiple(float
     those weights fall back to the largest block that divides them."""
     folder, manifest = derive(float_export, tmp_path_factory.mktemp("litert_int4_b128"),
                               {"target": "int4", "drafter": "int4"}, block_size=128)
-    detail = manifest.backend("litert").options["quantization"]["drafter"]
+    detail = manifest.backend("litert").options.quantization["drafter"]
     assert detail["block_size"] == 128
     int4 = {k for k in detail["weights"] if k.startswith("int4")}
     assert {"int4/b32", "int4/b64"} <= int4 <= {"int4/b32", "int4/b64", "int4/b128"}  # 32 / 64: hidden, backbone
@@ -232,7 +232,7 @@ def verified_rows_differing(folder, backend: str, trials: int = 8, k: int = 4) -
     token, not even at a near-tie."""
     rows_differing = load_tool("lossless_check").rows_differing
     target = Engine(folder, backend=backend).target
-    rng, vocab, differing = np.random.default_rng(0), load_manifest(folder).model["vocab_size"], 0
+    rng, vocab, differing = np.random.default_rng(0), load_manifest(folder).model.vocab_size, 0
     for trial in range(trials):
         ids = [2, *rng.integers(3, vocab, 20 + trial + k + 1).tolist()]  # a prompt, then k + 1 tokens to verify
         differing += rows_differing(target, ids, k)[0]
@@ -246,13 +246,13 @@ def test_a_4_bit_ple_table_on_litert_only_when_asked(float_export, tmp_path_fact
                                            ple_bits=4)
     lite = load_manifest(folder).backend("litert")
     assert lite.graphs["per_layer_embedder"].recipe == "int4"
-    target = lite.options["quantization"]["target"]["tensors"]
+    target = lite.options.quantization["target"]["tensors"]
     assert {e for name, e in target.items() if name.endswith("per_layer_projection.weight")} == {"int4/b32"}
     eight_folder = quant_report.derive_quantized(float_export, tmp_path_factory.mktemp("litert_ple8"),
                                                  ("int4", "int4"), 32)
     eight = load_manifest(eight_folder).backend("litert")
     assert lite.graphs["per_layer_embedder"].bytes < 0.7 * eight.graphs["per_layer_embedder"].bytes
-    labels = eight.options["quantization"]["target"]["tensors"]  # gate / up compensated (GPTQ), the rest not
+    labels = eight.options.quantization["target"]["tensors"]  # gate / up compensated (GPTQ), the rest not
     assert {e for n, e in labels.items() if n.endswith(("gate_proj.weight", "up_proj.weight"))} == {"int4/b32/gptq"}
     assert {e for n, e in labels.items() if n.endswith("down_proj.weight")} == {"int4/b32"}
     # XNNPACK quantizes activations per row and accumulates in integers: int4 verify rows equal decodes bit for bit

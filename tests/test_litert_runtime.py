@@ -29,11 +29,13 @@ def test_manifest_describes_both_backends(both):
     manifest = load_manifest(both)
     assert set(manifest.backends) == {"onnx", "litert"}
     lite = manifest.backend("litert")
-    assert lite.kv_io == "state" and lite.options["verify_len"] == 9
+    assert lite.kv_io == "state" and lite.options.max_draft == 8  # verify takes max_draft + 1 tokens
     # conftest exports with --max-cache-len 256, except the checkpoint that holds 512 positions: exported without
     # it, the default 4096 adapts to the model
-    limit = manifest.model["max_position_embeddings"]
-    assert lite.options["cache_len"] == manifest.kv_cache["capacity"] == (512 if limit == 512 else 256)
+    limit = manifest.model.max_position_embeddings
+    assert manifest.kv_cache.capacity == (512 if limit == 512 else 256)  # every backend's capacity
+    written = json.loads((both / "manifest.json").read_text())["backends"]["litert"]["options"]
+    assert set(written) & {"cache_len", "verify" + "_len"} == set()  # capacity and verify length: stored once
     assert {"decode", "verify", "draft", "draft_masked", "embed_decode", "prefill_16"} <= set(lite.signatures)
     assert lite.signatures["draft"].backend_name == "draft"
     assert (both / lite.graphs["bundle"].file).read_bytes()[:8] == b"LITERTLM"
@@ -104,7 +106,7 @@ def test_target_calls_with_caches_bound_in_place_equal_litert_s_own_signature_ru
     for kind, ids, pos in calls:
         signature = target.prefill[-1]["signature"] if kind == "prefill" else kind
         sig = backend.signatures[signature]
-        n = {"prefill": target.prefill[-1]["num_tokens"], "verify": target.verify_len}.get(kind, 1)
+        n = {"prefill": target.prefill[-1]["num_tokens"], "verify": target.max_draft + 1}.get(kind, 1)
         padded = ids + [0] * (n - len(ids))
         feeds = {**target.feeds(padded, pos), **caches}
         want = interp.get_signature_runner(sig.backend_name)(**{t.name: feeds[t.key] for t in sig.inputs})
@@ -165,7 +167,7 @@ def test_drafter_runs_the_shortest_full_prefix_that_holds_the_view(both):
     from mtpkit.runtime.backends import open_backend
 
     manifest = load_manifest(both)
-    windows = manifest.backend("litert").options["draft_windows"]
+    windows = manifest.backend("litert").options.draft_windows
     target, drafter = open_backend(manifest, "litert", threads=1)
     cap = target.kv.capacity
     assert [w["full_slots"] for w in windows] == [2 ** i for i in range(5, 12) if 2 ** i < cap] + [cap]

@@ -151,7 +151,7 @@ def test_bench_peers_lists_llama_cpp_on_a_tiny_onnx_export(tiny_exports, tmp_pat
     source takes about 13 minutes on 2 cores)."""
     folder = tiny_exports("e2b_gemma4_centroid")
     capfd.readouterr()
-    argv = ["bench", str(folder), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-k", "1",
+    argv = ["bench", str(folder), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-draft", "1",
             "--max-new-tokens", "4", "--threads", "1", "--json", str(tmp_path / "bench.json")]
     assert cli.main(argv) == 0
     out, err = capfd.readouterr()

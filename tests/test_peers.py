@@ -82,7 +82,7 @@ def test_bench_peers_end_to_end_on_a_tiny_onnx_export(tiny_exports, tmp_path, ca
     real = extras.importlib.util.find_spec  # as without the [llama-cpp] extra (tests/test_llama_cpp_peer.py: with)
     monkeypatch.setattr(extras.importlib.util, "find_spec",
                         lambda name, *a: None if name == "llama_cpp" else real(name, *a))
-    argv = ["bench", str(folder), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-k", "1",
+    argv = ["bench", str(folder), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-draft", "1",
             "--max-new-tokens", "4", "--threads", "1", "--out", str(tmp_path)]
     assert cli.main(argv) == 0
     out, err = capfd.readouterr()

@@ -63,16 +63,16 @@ def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe
     assert {g.recipe for g in onnx_backend.graphs.values()} == {recipe}
     ops = collections.Counter(n.op_type for n in onnx.load(str(manifest.path("target.onnx")),
                                                             load_external_data=False).graph.node)
-    embedding = onnx_backend.options["embedding"]
+    embedding = onnx_backend.options.embedding
     if recipe == "fp16":
         assert ops["Cast"] > 0 and embedding["dtype"] == "float16"
     else:  # the tied table too: lm_head MatMulNBits + GatherBlockQuantized, stored once
         assert ops["MatMulNBits"] > 0 and embedding["dtype"] == "int8"  # int4 keeps the tied table at 8 bits
-        assert ops["GatherBlockQuantized"] == 2 and list(onnx_backend.options["lookup_tables"].values()) == ["int8"]
+        assert ops["GatherBlockQuantized"] == 2 and list(onnx_backend.options.lookup_tables.values()) == ["int8"]
         assert ops["Transpose"] < ops_float(src)["Transpose"]  # the lm_head's Transpose(W) is gone
-        assert onnx_backend.options["min_onnxruntime"] == "1.21"  # GatherBlockQuantized's `bits` attribute
+        assert onnx_backend.options.min_onnxruntime == "1.21"  # GatherBlockQuantized's `bits` attribute
     if recipe == "int4":  # the MLP's gate / up compensated from calibration's second moment (GPTQ), nothing else
-        labels = onnx_backend.options["quantization"]["target"]["tensors"]
+        labels = onnx_backend.options.quantization["target"]["tensors"]
         assert "int4/b32/gptq" in labels.values()
         assert not any(e.endswith("/gptq") for n, e in labels.items() if "gate_proj" not in n and "up_proj" not in n)
     float_bytes = sum(f.stat().st_size for f in (*src.glob("*.onnx*"), src / "embeddings.bin"))
@@ -97,15 +97,15 @@ def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_expo
     import onnx
 
     from mtpkit.export import fidelity
-    from mtpkit.runtime import schema
+    from mtpkit.runtime.manifest import Manifest
     from mtpkit.runtime.engine import Engine, GenConfig
 
     manifest = _quantized_copy(tiny_exports("e2b_gemma4_centroid"), tmp_path / "dyn", "int8-dynamic")
-    schema.check_manifest(json.loads(manifest.path("manifest.json").read_text()))
+    Manifest.read(json.loads(manifest.path("manifest.json").read_text()))  # every field and reference checked
     onnx_backend = manifest.backend("onnx")
     assert {g.recipe for g in onnx_backend.graphs.values()} == {"int8-dynamic"}
-    assert onnx_backend.options["embedding"]["dtype"] == "int8"
-    assert list(onnx_backend.options["lookup_tables"].values()) == ["int8"]
+    assert onnx_backend.options.embedding["dtype"] == "int8"
+    assert list(onnx_backend.options.lookup_tables.values()) == ["int8"]
     for name in ("target", "drafter"):
         graph = onnx.load(str(manifest.path(f"{name}.onnx")), load_external_data=False).graph
         weights = {t.name for t in graph.initializer}
@@ -151,7 +151,7 @@ def test_fp16_embedding_is_read_by_the_host_from_the_same_bytes(tiny_exports, tm
     from mtpkit.runtime.backends.onnx import Embeddings
 
     manifest = _quantized_copy(tiny_exports("e2b_gemma4_centroid"), tmp_path / "fp16", "fp16")
-    e = manifest.backend("onnx").options["embedding"]
+    e = manifest.backend("onnx").options.embedding
     table = np.fromfile(manifest.path(e["file"]), dtype=np.float16).reshape(e["shape"])
     lookup = Embeddings(manifest, manifest.backend("onnx"))
     np.testing.assert_array_equal(lookup(7)[0, 0], table[7].astype(np.float32) * np.float32(e["scale"]))
@@ -250,7 +250,7 @@ def test_a_4_bit_ple_table_only_when_asked_and_its_cost_is_measured(tiny_exports
     src = tiny_exports("e2b_gemma4_centroid")
     folders = {bits: quant_report.derive_quantized(src, tmp_path, ("int4", "int4"), 32, ple_bits=bits)
                for bits in (8, 4)}
-    tables = {bits: load_manifest(f).backend("onnx").options["lookup_tables"] for bits, f in folders.items()}
+    tables = {bits: load_manifest(f).backend("onnx").options.lookup_tables for bits, f in folders.items()}
     assert list(tables[8].values()) == ["int8"] and list(tables[4].values()) == ["int4"]
     graph_bytes = {bits: sum(g.bytes for g in load_manifest(f).backend("onnx").graphs.values())
                    for bits, f in folders.items()}

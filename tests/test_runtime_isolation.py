@@ -176,3 +176,59 @@ def test_the_bench_code_check_sees_definitions_and_imports(tmp_path):
                      "    read_bandwidth = 1\n\nclass TypeError2(TypeError):\n    pass\n")
     assert sorted(bench_names(probe, "mtpkit.runtime.backends.probe")) == [
         "1: Peer", "1: peer_timing", "2: PEERS", "4: peers", "5: litert_lm", "6: read_bandwidth"]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """mtpkit module -> the mtpkit modules it imports anywhere in its file (inside functions too)."""
+    files = {module_name(p): p for folder in PACKAGES for p in sources(folder)}
+    return {name: {m for m, _, _ in imports(path) if m in files and m != name} for name, path in files.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def test_no_import_circle_among_mtpkit_modules():
+    """An import circle makes what a module sees depend on which module was imported first; lazy imports inside
+    functions count too (they only hide the circle until the function runs)."""
+    found = circles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in found)
+
+
+def test_the_circle_check_finds_a_lazy_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -68,7 +68,7 @@ def test_decode_bytes_are_the_linear_weights_and_the_kv_windows(tiny_exports, ti
     manifest = load_manifest(out)
     decode = scale_bench.call_bytes(manifest, "decode", past)
     assert decode["weights"] == 4 * _linear_weight_count(tiny_checkpoints(NAME)[0])  # fp32
-    sliding_past = manifest.kv_cache["sliding_past"]
+    sliding_past = manifest.kv_cache.sliding_past
     kv = sum(2 * d.kv_heads * d.head_dim * 4 * (past if d.type == "full_attention" else min(past, sliding_past))
              for d in manifest.kv_layers)
     assert decode["kv"] == kv and decode["total"] == decode["weights"] + kv

@@ -1,5 +1,6 @@
-"""A third backend, registered through exactly the three places the README's Layout names: its row in
-runtime/roles.py BACKENDS, export/backends/<kind>.py and runtime/backends/<kind>.py (here injected as modules).
+"""A third backend, registered through exactly the places the README's Layout names: its row in runtime/roles.py
+BACKENDS, its options record in runtime/records.py OPTIONS, export/backends/<kind>.py and runtime/backends/<kind>.py
+(here injected as modules).
 
 The "relay" backend writes and runs the ONNX exporter's graphs under its own name, with an extra that mtpkit has
 never heard of; the export holds no onnx backend at all. Everything else (config, extras, preflight, pipeline,
@@ -68,15 +69,16 @@ def _runtime_module() -> types.ModuleType:
     module = types.ModuleType(f"mtpkit.runtime.backends.{KIND}")
     module.load = load
     module.load_errors = onnx_runtime.load_errors
-    module.check_options = onnx_runtime.check_options
     return module
 
 
 @pytest.fixture
 def relay(monkeypatch):
-    """Register the backend in the three places, for this test only."""
+    """Register the backend in those places, for this test only."""
+    from mtpkit.runtime.records import OPTIONS, OnnxOptions
     from mtpkit.runtime.roles import BACKENDS, BackendKind
 
+    monkeypatch.setitem(OPTIONS, KIND, OnnxOptions)  # it writes and reads ONNX's options
     monkeypatch.setitem(BACKENDS, KIND, BackendKind("window", "relay-extra", ("numpy",), False, ("numpy",)))
     monkeypatch.setitem(sys.modules, f"mtpkit.export.backends.{KIND}", _export_module())
     monkeypatch.setitem(sys.modules, f"mtpkit.runtime.backends.{KIND}", _runtime_module())
@@ -97,7 +99,7 @@ def test_a_third_backend_exports_loads_and_generates(relay, tiny_checkpoints, tm
     manifest = load_manifest(out)
     assert list(manifest.backends) == [KIND] and manifest.backend().kind == KIND
     assert manifest.measured["preflight"]["estimated_phases_mb"][f"{KIND} graphs"] > 0
-    assert manifest.backend().options["acceptance_by_position"]  # measured on the relay graphs by the pipeline
+    assert manifest.backend().options.acceptance_by_position  # measured on the relay graphs by the pipeline
     checks = json.loads((out / "graph_parity.json").read_text())  # its float graphs were checked against PyTorch
     assert checks and {c["backend"] for c in checks} == {KIND} and all(c["ok"] for c in checks)
 
@@ -118,7 +120,7 @@ def test_a_third_backend_exports_loads_and_generates(relay, tiny_checkpoints, tm
     assert cli.main(["run", str(out), "--backend", KIND, "--prompt", "def f(x):", "--max-new-tokens", "4",
                      "--threads", "1", "--json"]) == 0
     assert len(json.loads(capfd.readouterr().out)["output_ids"]) == 4
-    assert cli.main(["bench", str(out), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-k", "1",
+    assert cli.main(["bench", str(out), "--peers", "--prompt", "def f(x):", "--repeats", "1", "--max-draft", "1",
                      "--max-new-tokens", "4", "--threads", "1", "--json", str(tmp_path / "bench.json")]) == 0
     rows = {r["name"]: r for r in json.loads((tmp_path / "bench.json").read_text())["peers"]["rows"]
             if not r["name"].startswith("llama.cpp")}  # present only where the llama-cpp extra is installed
@@ -137,23 +139,23 @@ def test_a_third_backend_exports_loads_and_generates(relay, tiny_checkpoints, tm
         Engine(out, threads=1)
 
 
-def test_a_third_backend_options_are_checked_by_its_own_module(relay):
-    """runtime/schema.py runs the backend's check_options on its entry when the manifest is read."""
+def test_a_third_backend_options_are_checked_by_its_own_record(relay):
+    """Reading the manifest reads each backend's options as its kind's record (records.OPTIONS)."""
     from mtpkit.errors import ManifestError
-    from mtpkit.runtime.schema import check_manifest
+    from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest
 
     layer = {"layer": 0, "type": "full_attention", "kv_heads": 1, "head_dim": 4}
     io = {"name": "x", "role": "logits", "shape": [1], "dtype": "float32"}
     backend = {"kind": KIND, "kv_io": "window", "graphs": {"g": {"file": "g", "sha256": "0", "bytes": 1,
                "backend": KIND}}, "signatures": {"decode": {"graph": "g", "inputs": [io], "outputs": [io]}}}
-    data = {"schema_version": 2, "mtpkit_version": "0", "source": {}, "quantization": {},
+    data = {"schema_version": SCHEMA_VERSION, "mtpkit_version": "0", "source": {}, "quantization": {},
             "model": {"vocab_size": 8, "hidden_size": 4, "sliding_window": 4}, "tokens": {"eos": [1]},
             "tokenizer": {"file": "t", "sha256": "0"}, "generation": {"num_assistant_tokens": 2},
             "kv_cache": {"capacity": 16, "layers": [layer], "sliding_past": 3, "drafter_sliding_visible": 5,
                          "drafter_layers": {"sliding_attention": 0, "full_attention": 0}},
             "backends": {KIND: backend}}
     with pytest.raises(ManifestError, match=f"backends.{KIND}.options.embedding is missing"):
-        check_manifest(data)
+        Manifest.read(data)
 
 
 def test_fidelity_files_every_backend_under_its_name(relay, tmp_path, monkeypatch):
@@ -167,10 +169,11 @@ def test_fidelity_files_every_backend_under_its_name(relay, tmp_path, monkeypatc
     (tmp_path / "reference.json").write_text(json.dumps({"prompts": []}))
     graphs = {"target": types.SimpleNamespace(recipe="int8"), "drafter": types.SimpleNamespace(recipe="int8")}
     kinds = ("onnx", KIND)
-    calibrated = {"quantization": {"target": {"calibration": {"source": "built-in", "prompts": 8}}}}
+    calibrated = types.SimpleNamespace(quantization={"target": {"calibration": {"source": "built-in", "prompts": 8}}})
+    plain = types.SimpleNamespace(quantization=None)
     manifest = types.SimpleNamespace(reference={"file": "reference.json"}, root=tmp_path, backends=dict.fromkeys(kinds),
                                      backend=lambda kind: types.SimpleNamespace(
-                                         graphs=graphs, options=calibrated if kind == KIND else {}),
+                                         graphs=graphs, options=calibrated if kind == KIND else plain),
                                      path=lambda name: tmp_path / name)
     report = fidelity.check(manifest, None, {k: runtime for k in kinds}, gate=True)
     assert set(report) == set(kinds) == set(json.loads((tmp_path / fidelity.FIDELITY_FILE).read_text()))

@@ -19,14 +19,15 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from mtpkit.runtime.speculative import fit_draft
 
 K_ORACLE = 8
 
 
 def oracle_depth(engine) -> int:
     """Drafts per oracle round: K_ORACLE, or fewer where the export's verify graph has a static length."""
-    return fit_draft(K_ORACLE, engine.max_draft)
+    from mtpkit.runtime.engine import GenConfig
+
+    return engine.resolve(GenConfig(num_assistant_tokens=K_ORACLE, schedule="constant"), adapt=True).num_assistant_tokens
 
 
 def accepted_runs(engine, ids: list[int], max_new_tokens: int) -> list[int]:
@@ -119,7 +120,7 @@ def main() -> None:
     oracle = [(runs, len(runs) + 1) for runs in (accepted_runs(engine, ids, args.max_new_tokens) for ids in prompts)]
     costs = measured_costs(engine, prompts, args.max_new_tokens)
     depth = oracle_depth(engine)
-    report = compare(costs, oracle, engine.backend.options.get("acceptance_by_position") or (), depth=depth)
+    report = compare(costs, oracle, engine.backend.options.acceptance_by_position or (), depth=depth)
     print(f"costs: decode {1e3 * costs.target[0]:.3f} ms, verify(5) {1e3 * costs.target_call(5):.3f} ms, "
           f"draft {1e3 * costs.draft:.3f} ms")
     shown = [k for k in (1, 2, 3, 4, 5) if k <= depth][-3:]

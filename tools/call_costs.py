@@ -2,14 +2,14 @@
 run, and the cost model's predicted speculative ms/token for a given acceptance profile. Not run in CI.
 
     .venv/bin/python tools/call_costs.py EXPORT[@BACKEND] [EXPORT[@BACKEND] ...] [--threads N] [--past 256]
-        [--rounds 5] [--max-k 4] [--acceptance 0.7,0.7,0.7,0.7] [--acceptance-from PAIR_EXPORT[@BACKEND]]
+        [--rounds 5] [--max-draft 4] [--acceptance 0.7,0.7,0.7,0.7] [--acceptance-from PAIR_EXPORT[@BACKEND]]
         [--sequential] [--no-bandwidth] [--out report.md] [--json out.json]
 
 - calls, through the runtime's Target / Drafter (each backend's own KV handling included): decode (1 token),
-  target calls of t = 2..k_max + 1 tokens (verify of k drafts; a static-shape LiteRT target runs its one verify
-  graph for each), and a round of k_max drafter steps right after the longest verify, as speculative decoding
-  runs them (a round's first step finds its inputs out of cache; later ones do not), at position --past. k_max is
-  the export's static max_draft, else --max-k. A round of k drafts costs its first k steps' medians. Every
+  target calls of t = 2..max_draft + 1 tokens (verify of k drafts; a static-shape LiteRT target runs its one verify
+  graph for each), and a round of max_draft drafter steps right after the longest verify, as speculative decoding
+  runs them (a round's first step finds its inputs out of cache; later ones do not), at position --past. max_draft is
+  the export's static max_draft, else --max-draft. A round of k drafts costs its first k steps' medians. Every
   export's calls are interleaved round by round, so all see the same machine load; --sequential
   times one export after the other instead (full-size exports that do not fit in memory together).
 - weights a decode reads: the weights of every weight-multiplying op in the target's decode graph (LiteRT:
@@ -37,18 +37,18 @@ from mtpkit.runtime.cost_model import Costs, predict
 TOOLS = Path(__file__).resolve().parent
 
 
-def open_calls(folder: Path, backend: str | None, threads: int | None, past: int, max_k: int):
+def open_calls(folder: Path, backend: str | None, threads: int | None, past: int, max_draft: int):
     """(engine, {call kind: zero-argument callable}) at position past, on the runtime's own KV cache."""
     from mtpkit.runtime.engine import Engine
 
     engine = Engine(folder, threads=threads, backend=backend)
     target, drafter = engine.target, engine.drafter
-    k_max = target.max_draft or max_k
-    past = min(past, target.kv.capacity - k_max - 2)
+    max_draft = target.max_draft or max_draft
+    past = min(past, target.kv.capacity - max_draft - 2)
     _, hidden = target.forward(list(range(2, past + 2)), 0)  # a context to attend to
     view = target.kv.drafter_view(past, "clean")
-    runs = {f"target{t}": (lambda t=t: target.forward([0] * t, past)) for t in range(1, k_max + 2)}
-    runs["draft"] = lambda: draft_round(drafter, hidden[-1], past, view, k_max)
+    runs = {f"target{t}": (lambda t=t: target.forward([0] * t, past)) for t in range(1, max_draft + 2)}
+    runs["draft"] = lambda: draft_round(drafter, hidden[-1], past, view, max_draft)
     return engine, runs, past
 
 
@@ -89,20 +89,20 @@ def describe(folder: Path, engine, past: int, ms: dict, prefix: str = "") -> dic
             "decode_weight_bytes": decode_weight_bytes(engine.manifest, backend)}
 
 
-def measure(specs: list[tuple[Path, str | None]], threads: int | None, past: int, rounds: int, max_k: int,
+def measure(specs: list[tuple[Path, str | None]], threads: int | None, past: int, rounds: int, max_draft: int,
             sequential: bool) -> list[dict]:
     """One row per export: its call costs (ms) and the bytes its decode reads."""
     rows: list[dict] = []
     if sequential:
         for folder, backend in specs:
-            engine, runs, at = open_calls(folder, backend, threads, past, max_k)
+            engine, runs, at = open_calls(folder, backend, threads, past, max_draft)
             rows.append(describe(folder, engine, at, time_rounds(runs, rounds)))
             del engine, runs
             gc.collect()
         return rows
     opened, runs = [], {}
     for i, (folder, backend) in enumerate(specs):
-        engine, own, at = open_calls(folder, backend, threads, past, max_k)
+        engine, own, at = open_calls(folder, backend, threads, past, max_draft)
         opened.append((folder, engine, at))
         runs.update({f"{i}:{k}": call for k, call in own.items()})
     ms = time_rounds(runs, rounds)
@@ -155,8 +155,8 @@ def summarize(rows: list[dict], profiles: dict[str, list[float]], gbps: float | 
     prediction and best k to every row."""
     fastest_plain = min(r["decode_ms"] for r in rows)
     for r in rows:
-        k_max = max(r["verify_ms"])
-        r["verify_ratio"] = r["verify_ms"][k_max] / r["decode_ms"]
+        max_draft = max(r["verify_ms"])
+        r["verify_ratio"] = r["verify_ms"][max_draft] / r["decode_ms"]
         r["bandwidth_fraction"] = (r["decode_weight_bytes"] / gbps / 1e6 / r["decode_ms"]) if gbps else None
         r["predicted"], r["best"] = {}, {}
         for label, acceptance in profiles.items():
@@ -181,9 +181,9 @@ def table(rows: list[dict], profiles: dict[str, list[float]]) -> list[str]:
         head += [f"best k ({label})", f"spec ms/token ({label})", f"vs fastest plain ({label})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        k_max = max(r["verify_ms"])  # each export's own: LiteRT verifies a static length, --max-draft + 1
+        max_draft = max(r["verify_ms"])  # each export's own: LiteRT verifies a static length, --max-draft + 1
         cells = [Path(r["export"]).name, r["backend"], r["recipe"], f"{r['decode_ms']:.1f}",
-                 f"{r['verify_ms'][k_max]:.1f} ({k_max + 1})", f"{r['verify_ratio']:.2f}",
+                 f"{r['verify_ms'][max_draft]:.1f} ({max_draft + 1})", f"{r['verify_ratio']:.2f}",
                  f"{r['draft_ms']:.2f} ({' / '.join(f'{x:.2f}' for x in r['draft_steps_ms'])})",
                  f"{r['decode_weight_bytes'] / 1e9:.3f}",
                  f"{r['bandwidth_fraction']:.2f}" if r["bandwidth_fraction"] else "-"]
@@ -201,8 +201,7 @@ def profiles_of(args) -> dict[str, list[float]]:
     profiles = {text: [float(a) for a in text.split(",")] for text in args.acceptance or []}
     for spec in args.acceptance_from or []:
         folder, _, backend = spec.partition("@")
-        recorded = load_manifest(Path(folder), verify=False).backend(backend or None).options.get(
-            "acceptance_by_position") or []
+        recorded = load_manifest(Path(folder), verify=False).backend(backend or None).options.acceptance_by_position or []
         if not recorded:
             raise SystemExit(f"call_costs: {spec} records no acceptance_by_position; export it with a reference")
         profiles[f"{Path(folder).name}{'@' + backend if backend else ''}"] = list(recorded)
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="threads (default: the runtime's pick)")
     p.add_argument("--past", type=int, default=256, help="context length before each call (default 256)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--max-k", type=int, default=4, help="drafts to time where the export has no static verify length")
+    p.add_argument("--max-draft", type=int, default=4, help="drafts to time where the export has no static verify length")
     p.add_argument("--acceptance-from", action="append", metavar="EXPORT[@BACKEND]",
                    help="export whose manifest holds an acceptance by position (repeatable)")
     p.add_argument("--acceptance", action="append", help="acceptance by position, comma-separated (repeatable)")
@@ -225,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = p.parse_args(argv)
     specs = [(Path(e.split("@")[0]), e.split("@")[1] if "@" in e else None) for e in args.exports]
-    rows = measure(specs, args.threads, args.past, args.rounds, args.max_k, args.sequential)
+    rows = measure(specs, args.threads, args.past, args.rounds, args.max_draft, args.sequential)
     gbps = None
     if not args.no_bandwidth:
         from mtpkit.bench import bandwidth

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = load_manifest(args.export)
     modules = {"before": backend_at(args.before), "now": now}
     targets = {name: m.load(manifest, manifest.backend("litert"), args.threads)[0] for name, m in modules.items()}
-    verify = targets["now"].verify_len
+    verify = targets["now"].max_draft + 1
     runs = {}
     for name, target in targets.items():
         target.forward(list(range(2, args.past + 2)), 0)

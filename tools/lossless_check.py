@@ -42,8 +42,8 @@ def check(folder: Path, backend: str | None, prompts: list[tuple[str, str]], max
     from mtpkit.runtime.engine import Engine, GenConfig
 
     engine = Engine(folder, backend=backend)
-    k_max = engine.target.max_draft or 4
-    modes = {f"k={k}": k for k in range(1, k_max + 1)} | {"auto": None}
+    max_draft = engine.target.max_draft or 4
+    modes = {f"k={k}": k for k in range(1, max_draft + 1)} | {"auto": None}
     runs, equal, differing, compared = 0, 0, 0, 0
     first_differences = []
     for category, text in prompts:
@@ -55,7 +55,7 @@ def check(folder: Path, backend: str | None, prompts: list[tuple[str, str]], max
             if spec != plain:
                 first_differences.append({"prompt": category, "mode": name,
                                           "at": next(i for i, (a, b) in enumerate(zip(spec + [-1], plain)) if a != b)})
-        d, n = rows_differing(engine.target, ids + plain, k_max)
+        d, n = rows_differing(engine.target, ids + plain, max_draft)
         differing, compared = differing + d, compared + n
     return {"export": str(folder), "backend": engine.backend.kind, "recipe": engine.manifest.backend(
         engine.backend.kind).graphs["target"].recipe, "prompts": len(prompts), "max_new_tokens": max_new,

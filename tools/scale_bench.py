@@ -136,7 +136,7 @@ def acceptance_of(args) -> tuple[list[float] | None, str | None]:
     if args.acceptance:
         return [float(a) for a in args.acceptance.split(",")], "--acceptance"
     if args.acceptance_from:
-        recorded = load_manifest(args.acceptance_from, verify=False).backend().options.get("acceptance_by_position")
+        recorded = load_manifest(args.acceptance_from, verify=False).backend().options.acceptance_by_position
         return (list(recorded), str(args.acceptance_from)) if recorded else (None, None)
     return None, None
 
@@ -155,9 +155,9 @@ def run(folder: Path, past: int = 256, rounds: int = 5, calls: int = 10, threads
         bandwidth_size: int = 2 * bandwidth.GIB) -> dict:
     """The whole report as a JSON-ready dict (schema SCHEMA)."""
     manifest = load_manifest(folder)
-    if past + MAX_K + 1 > int(manifest.kv_cache["capacity"]):
+    if past + MAX_K + 1 > int(manifest.kv_cache.capacity):
         raise SystemExit(f"--past {past} + {MAX_K + 1} tokens exceed the export's KV capacity "
-                         f"{manifest.kv_cache['capacity']}; pass a smaller --past")
+                         f"{manifest.kv_cache.capacity}; pass a smaller --past")
     nbytes = {kind: call_bytes(manifest, kind, past) for kind in ("decode", "draft")}
     load_before = os.getloadavg()
     latency, picked = time_graphs(manifest, past, rounds, calls, threads)
@@ -170,7 +170,7 @@ def run(folder: Path, past: int = 256, rounds: int = 5, calls: int = 10, threads
     return {"schema": SCHEMA, "export": str(folder), "past": past, "rounds": rounds, "calls": calls,
             "machine": {"cores": cores, "load_average_before": load_before, "load_average_after": load_after,
                         "load_average_end": os.getloadavg()},
-            "model": manifest.model, "kv_cache": {k: manifest.kv_cache[k] for k in ("capacity", "sliding_past")},
+            "model": manifest.model.to_json(), "kv_cache": {k: getattr(manifest.kv_cache, k) for k in ("capacity", "sliding_past")},
             "export_cost": export_cost(manifest, Path(folder)), "bytes": nbytes,
             "latency_ms": _ms(latency), "verify_over_decode": {k: v / latency["decode"]
                                                               for k, v in latency["verify"].items()},

@@ -14,8 +14,10 @@ The pipeline only orchestrates.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 from mtpkit.runtime.manifest import KVLayer
@@ -63,3 +65,8 @@ class ExportMemory:
     # recipes `measured` accepts; None: not measured, anonymous = resident
     anonymous: dict[str, tuple[float, float]] | None = None
     measured: Callable[[Recipe], bool] = lambda recipe: False
+
+
+def backend_module(kind: str) -> ModuleType:
+    """export/backends/<kind>/ (a kind from the role table)."""
+    return importlib.import_module(f"{__name__}.{kind}")

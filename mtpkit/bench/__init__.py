@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 
 EPILOG = """Per prompt, each repeat runs plain decoding, auto (or the given -k/--schedule) and constant
-k = 1..--max-k back to back; prints the cost model's predicted speed-up beside the measured one for every k, per category.
+k = 1..--max-draft back to back; prints the cost model's predicted speed-up beside the measured one for every k, per category.
 Without --prompt/--prompts, benchmarks a built-in set (code, structured, rewrite, prose). A --prompts file has
 one JSON object per line: {"category": "code", "prompt": "def f(x):", "name": "optional"}.
 
 examples:
   mtpkit bench DIR --out out/bench
-  mtpkit bench DIR --prompts prompts.jsonl --max-k 6 --repeats 5
+  mtpkit bench DIR --prompts prompts.jsonl --max-draft 6 --repeats 5
   mtpkit bench DIR --peers --out out/bench
 
 --peers adds a table: ms/token including prefill (wall time of each whole generate call / new tokens) for
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--prompts", type=Path, help="JSONL file of {category, prompt[, name]} objects")
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs per prompt (median reported)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-k", type=int, default=None, help="measure and predict constant k = 1..MAX_K "
+    p.add_argument("--max-draft", type=int, default=None, help="measure and predict constant k = 1..MAX_DRAFT "
                    "(default 8, or as many drafts as the export's static verify takes: LiteRT 3 by default)")
     p.add_argument("--num-assistant-tokens", "-k", type=draft_length, default=None,
                    help="the speculative column: auto (default) or a fixed k")
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from .sweep import BenchConfig, load_prompts, run_bench
 
     run_peers = _peers(args) if args.peers else None  # first: without the [export] extra, one line at once
-    cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens, max_k=args.max_k,
+    cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens, max_draft=args.max_draft,
                       num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule)
     prompts = [*(load_prompts(args.prompts) if args.prompts else []), *(args.prompt or [])]
     peers = None if run_peers is None else (

@@ -66,7 +66,7 @@ def llama_cpp_peers(manifest, folder: Path, threads: int, max_new_tokens: int, b
         path = gguf_file(folder, gguf_type, version, progress)
         try:  # verbose=False silences llama.cpp's log; what else its load prints on fd 2 stays out of the table
             with output_captured(f"llama.cpp loading {path.name}"):
-                llm = llama_cpp.Llama(model_path=str(path), n_ctx=manifest.kv_cache["capacity"], n_threads=threads,
+                llm = llama_cpp.Llama(model_path=str(path), n_ctx=manifest.kv_cache.capacity, n_threads=threads,
                                       n_threads_batch=threads, verbose=False)
         except ValueError as e:  # what llama-cpp-python raises for a file llama.cpp refuses
             raise LlamaCppError(f"llama.cpp could not open {path}: {e}") from None

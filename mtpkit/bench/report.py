@@ -21,8 +21,8 @@ def _chosen(ks: list[int]) -> str:
 
 def table_rows(report: dict) -> list[list[str]]:
     """Header plus one row per category and "all": predicted/measured speed-up per k, auto, chosen k."""
-    max_k = report["config"]["max_k"]
-    rows = [["category", "prompts", *(f"k={k}" for k in range(1, max_k + 1)), "auto", "chosen k"]]
+    max_draft = report["config"]["max_draft"]
+    rows = [["category", "prompts", *(f"k={k}" for k in range(1, max_draft + 1)), "auto", "chosen k"]]
     for name, c in report["categories"].items():
         auto = f"{c['speedup']:.2f}x" if c["speedup"] else "-"
         rows.append([name, str(c["prompts"]), *(_cell(p, m) for p, m in zip(c["predicted"], c["measured"])), auto,
@@ -52,8 +52,8 @@ def to_markdown(report: dict) -> str:
              f"`{json.dumps(report['config'])}`", "",
              "Speed-up over plain decoding, predicted/measured (medians over prompts).", "", _md(rows), "",
              "## Per prompt", ""]
-    max_k = report["config"]["max_k"]
-    per = [["prompt", "category", "plain ms/tok", *(f"k={k}" for k in range(1, max_k + 1)), "auto", "auto mean k",
+    max_draft = report["config"]["max_draft"]
+    per = [["prompt", "category", "plain ms/tok", *(f"k={k}" for k in range(1, max_draft + 1)), "auto", "auto mean k",
             "chosen k"]]
     for r in report["rows"]:
         per.append([r["prompt"], r["category"], f"{r['plain_ms_per_token']:.3f}",
@@ -85,7 +85,7 @@ def write_report(report: dict, out: Path) -> list[str]:
 def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    ks = list(range(1, report["config"]["max_k"] + 1))
+    ks = list(range(1, report["config"]["max_draft"] + 1))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (name, c) in enumerate(report["categories"].items()):
         color = f"C{i}"

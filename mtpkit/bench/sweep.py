@@ -1,6 +1,6 @@
 """`mtpkit bench`: plain, auto and every draft length k on the same graphs, interleaved; predicted vs measured.
 
-Per prompt, each repeat runs plain decoding, the default schedule (auto) and constant k = 1..max_k back to back,
+Per prompt, each repeat runs plain decoding, the default schedule (auto) and constant k = 1..max_draft back to back,
 so their ratios come from one stretch of machine time. The prediction is the cost model (runtime/cost_model.py)
 fed with this prompt's measured per-call costs and host overhead and its conditional acceptance by position.
 Speed is reported, never asserted: on a shared machine absolute numbers are noise, interleaved ratios less so.
@@ -19,13 +19,12 @@ from mtpkit.errors import UsageError
 from mtpkit.runtime.auto import CostMeter, TimedDrafter, TimedTarget
 from mtpkit.runtime.cost_model import best_k, predict
 from mtpkit.runtime.engine import Engine, GenConfig
-from mtpkit.runtime.speculative import fit_draft
 from mtpkit.runtime.stats import Stats, conditional_acceptance
 
 from .peer_timing import PeerPrompt
 
 CATEGORIES = ("code", "structured", "rewrite", "prose")
-DEFAULT_MAX_K = 8  # constant draft lengths a bench measures when the export allows them
+DEFAULT_MAX_DRAFT = 8  # constant draft lengths a bench measures when the export allows them
 
 
 @dataclass(frozen=True)
@@ -54,42 +53,41 @@ PROMPTS = (
 class BenchConfig:
     repeats: int = 3  # interleaved runs of every mode per prompt; the median is reported
     max_new_tokens: int = 64
-    max_k: int | None = None  # constant k = 1..max_k measured and predicted; None: 8, capped by a static verify
+    max_draft: int | None = None  # constant k = 1..max_draft measured and predicted; None: 8, capped by a static verify
     num_assistant_tokens: int | str | None = None  # the "speculative" column: auto unless a k or schedule is given
     schedule: str | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise UsageError(f"--repeats must be >= 1 (got {self.repeats})")
-        if self.max_k is not None and self.max_k < 1:
-            raise UsageError(f"--max-k must be >= 1 (got {self.max_k})")
+        if self.max_draft is not None and self.max_draft < 1:
+            raise UsageError(f"--max-draft must be >= 1 (got {self.max_draft})")
         self.spec_config()  # GenConfig's own checks: k, schedule, max_new_tokens
         if self.max_new_tokens < 3:  # the cost model needs a decode call after the prefill's token to be timed
             raise UsageError(f"mtpkit bench needs --max-new-tokens >= 3 to time a decode call (got {self.max_new_tokens})")
 
     def fitted(self, engine: Engine) -> "BenchConfig":
-        """max_k for this export: the default 8, or as many drafts as a static verify graph takes (LiteRT's 4 by
-        default); an explicit --max-k beyond that is refused in one line instead of failing at its first run."""
-        limit = engine.max_draft
-        if self.max_k is None:
-            return replace(self, max_k=fit_draft(DEFAULT_MAX_K, limit))
-        if fit_draft(self.max_k, limit) < self.max_k:
-            raise UsageError(f"--max-k {self.max_k}: this {engine.backend.kind} export verifies at most {limit} "
-                             f"drafts per round; use --max-k <= {limit} (or leave it out)")
-        return self
+        """max_draft for this export: the default 8, or as many drafts as a static verify graph takes (LiteRT's 4
+        by default); an explicit --max-draft beyond that is refused in one line instead of failing at its first
+        run."""
+        fits = engine.resolve(GenConfig(max_draft=self.max_draft or DEFAULT_MAX_DRAFT)).max_draft
+        if self.max_draft is not None and fits < self.max_draft:
+            raise UsageError(f"--max-draft {self.max_draft}: this {engine.backend.kind} export verifies at most {fits} "
+                             f"drafts per round; use --max-draft <= {fits} (or leave it out)")
+        return replace(self, max_draft=fits)
 
     def spec_config(self) -> GenConfig:
         return GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=self.num_assistant_tokens,
                          schedule=self.schedule)
 
     def modes(self) -> dict[str | int, GenConfig]:
-        """Every mode a repeat runs: plain, the speculative column, then constant k = 1..max_k."""
-        if self.max_k is None:
-            raise ValueError("BenchConfig.modes() needs max_k: fit the config to the export first (fitted)")
+        """Every mode a repeat runs: plain, the speculative column, then constant k = 1..max_draft."""
+        if self.max_draft is None:
+            raise ValueError("BenchConfig.modes() needs max_draft: fit the config to the export first (fitted)")
         modes: dict[str | int, GenConfig] = {"plain": GenConfig(max_new_tokens=self.max_new_tokens, mtp=False),
                                              "spec": self.spec_config()}
         modes.update({k: GenConfig(max_new_tokens=self.max_new_tokens, num_assistant_tokens=k, schedule="constant")
-                      for k in range(1, self.max_k + 1)})
+                      for k in range(1, self.max_draft + 1)})
         return modes
 
 
@@ -151,18 +149,18 @@ def measure(engine: Engine, ids: list[int], modes: dict[str | int, GenConfig], r
 
 def sweep_prompt(engine: Engine, prompt: BenchPrompt, cfg: BenchConfig,
                  progress: Callable[[str], None] | None = None) -> dict:
-    """Predicted and measured speed-up over plain decoding for k = 1..max_k and the speculative column (auto).
+    """Predicted and measured speed-up over plain decoding for k = 1..max_draft and the speculative column (auto).
 
     Returns one JSON-ready row: ks[i] = {k, predicted_speedup, measured_speedup, ...}, chosen_k (the cost
     model's pick on this prompt's measured costs and acceptance; 0 = plain), spec (the auto run), costs.
     """
     ids = list(prompt.ids) if prompt.ids else engine.codec.encode(prompt.text)
     runs, meter = measure(engine, ids, cfg.modes(), cfg.repeats, progress)
-    assert cfg.max_k is not None  # modes() refuses a config not fitted to the export
-    ks = list(range(1, cfg.max_k + 1))
-    acceptance = conditional_acceptance([s for k in ks for s in runs[k]], cfg.max_k)
+    assert cfg.max_draft is not None  # modes() refuses a config not fitted to the export
+    ks = list(range(1, cfg.max_draft + 1))
+    acceptance = conditional_acceptance([s for k in ks for s in runs[k]], cfg.max_draft)
     acc = _filled(acceptance)
-    costs = meter.costs(cfg.max_k + 1)
+    costs = meter.costs(cfg.max_draft + 1)
     assert costs is not None  # the runs timed plain decode steps and drafter steps
     plain = statistics.median(ms_per_token(s) for s in runs["plain"])
     rows = []
@@ -175,7 +173,7 @@ def sweep_prompt(engine: Engine, prompt: BenchPrompt, cfg: BenchConfig,
                      "measured_tokens_per_round": (last.new_tokens - 1) / max(1, last.target_calls - 1)})
     row = {"prompt": prompt.name, "category": prompt.category, "prompt_tokens": len(ids)}
     row.update(_spec_columns(runs["spec"], plain))
-    row.update({"chosen_k": best_k(costs, acc, cfg.max_k), "acceptance_by_position": acceptance, "ks": rows,
+    row.update({"chosen_k": best_k(costs, acc, cfg.max_draft), "acceptance_by_position": acceptance, "ks": rows,
                 "predicted_plain_ms_per_token": predict(costs, acc, [0])[0]["ms_per_token"],
                 "costs_ms": {"draft": 1e3 * costs.draft, "target": [1e3 * t for t in costs.target],
                              "round_host": 1e3 * costs.round_host, "draft_host": 1e3 * costs.draft_host,
@@ -215,11 +213,11 @@ def bench_prompt(engine: Engine, name: str, ids: list[int], cfg: BenchConfig) ->
                                          "spec": cfg.spec_config()}
     engine.run(ids, modes["spec"])  # warm-up: first calls pay allocation and kernel selection
     runs, meter = measure(engine, ids, modes, cfg.repeats)
-    k_max = max(cfg.fitted(engine).max_k or 1, *(d for s in runs["spec"] for d, _ in s.per_round), 1)  # set by fitted
-    acc = _filled(conditional_acceptance(runs["spec"], k_max))
-    costs = meter.costs(k_max + 1)
+    max_draft = max(cfg.fitted(engine).max_draft or 1, *(d for s in runs["spec"] for d, _ in s.per_round), 1)  # set by fitted
+    acc = _filled(conditional_acceptance(runs["spec"], max_draft))
+    costs = meter.costs(max_draft + 1)
     assert costs is not None  # the runs timed plain decode steps and drafter steps
-    k = cfg.num_assistant_tokens if isinstance(cfg.num_assistant_tokens, int) else best_k(costs, acc, k_max)
+    k = cfg.num_assistant_tokens if isinstance(cfg.num_assistant_tokens, int) else best_k(costs, acc, max_draft)
     pred = predict(costs, acc, [k])[0]
     row = {"prompt": name, "prompt_tokens": len(ids), **_spec_columns(runs["spec"], _median_ms(runs["plain"]))}
     row.update({"predicted_k": k, "predicted_speedup": pred["speedup"], "acceptance_by_position":
@@ -242,7 +240,7 @@ def run_bench(export_dir: str | Path, cfg: BenchConfig, prompts: list | None = N
     """
     engine = Engine(export_dir, threads, backend)
     cfg = cfg.fitted(engine)
-    assert cfg.max_k is not None  # fitted() sets it
+    assert cfg.max_draft is not None  # fitted() sets it
     items = [p if isinstance(p, BenchPrompt) else BenchPrompt("custom", f"prompt{i}", p)
              for i, p in enumerate(prompts or PROMPTS)]
     first = list(items[0].ids) if items[0].ids else engine.codec.encode(items[0].text)
@@ -255,7 +253,7 @@ def run_bench(export_dir: str | Path, cfg: BenchConfig, prompts: list | None = N
         rows.append(sweep_prompt(engine, prompt, cfg, tell))
     speedups = [r["speedup"] for r in rows if r["speedup"]]
     report = {"config": asdict(cfg), "backend": engine.backend.kind, "threads": engine.threads,
-              "rows": rows, "categories": summarize(rows, cfg.max_k),
+              "rows": rows, "categories": summarize(rows, cfg.max_draft),
               "median_speedup": statistics.median(speedups) if speedups else None}
     if peers is not None:
         report["peers"] = peers(engine, [_peer_prompt(engine, p) for p in items], progress)
@@ -267,7 +265,7 @@ def _peer_prompt(engine: Engine, prompt: BenchPrompt) -> PeerPrompt:
     return PeerPrompt(f"{prompt.category}/{prompt.name}", prompt.text or engine.codec.decode(ids), tuple(ids))
 
 
-def summarize(rows: list[dict], max_k: int) -> dict:
+def summarize(rows: list[dict], max_draft: int) -> dict:
     """Per category (and "all"): median predicted and measured speed-up per k, of auto, and the chosen k."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -278,8 +276,8 @@ def summarize(rows: list[dict], max_k: int) -> dict:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
         out[name] = {"prompts": len(group), "speedup": med([r["speedup"] for r in group if r["speedup"]]),
                      "chosen_k": [r["chosen_k"] for r in group],
-                     "predicted": [med([r["ks"][k]["predicted_speedup"] for r in group]) for k in range(max_k)],
-                     "measured": [med([r["ks"][k]["measured_speedup"] for r in group]) for k in range(max_k)],
+                     "predicted": [med([r["ks"][k]["predicted_speedup"] for r in group]) for k in range(max_draft)],
+                     "measured": [med([r["ks"][k]["measured_speedup"] for r in group]) for k in range(max_draft)],
                      "acceptance": [med([r["acceptance_by_position"][k] for r in group
-                                         if r["acceptance_by_position"][k] is not None]) for k in range(max_k)]}
+                                         if r["acceptance_by_position"][k] is not None]) for k in range(max_draft)]}
     return out

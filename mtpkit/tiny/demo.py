@@ -131,17 +131,17 @@ def heldout_check(out: Path, backend: str, threads: int | None, max_new_tokens: 
     same_tokens / runs: speculative runs (auto, and that k with both hand-offs) whose tokens equal plain decoding's."""
     import statistics
 
-    from mtpkit.runtime.auto import CostMeter
     from mtpkit.bench.sweep import metered
-    from mtpkit.runtime.engine import Engine
-    from mtpkit.runtime.speculative import fit_draft
+    from mtpkit.runtime.auto import CostMeter
+    from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import tokens_per_target_call
 
     from .train import ASSETS
 
     pair = json.loads((ASSETS / "pair.json").read_text())
     engine = Engine(out, threads, backend)
-    k = fit_draft(pair["figures"]["num_assistant_tokens"], engine.max_draft)
+    asked = GenConfig(num_assistant_tokens=pair["figures"]["num_assistant_tokens"], schedule="constant")
+    k = engine.resolve(asked, adapt=True).num_assistant_tokens
     with metered(engine, CostMeter(alpha=None)) as meter:
         rows = [_prompt_row(engine, category, text, max_new_tokens, repeats, k) for category, text in heldout_prompts()]
     costs = meter.costs(2)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..handoff import CacheFullError, LastCall, Ranges, drafter_ranges
-from ..manifest import Backend, Manifest, Signature
+from ..manifest import Backend, LiteRtOptions, Manifest, Signature
 from ..quiet import output_captured
 from . import Drafter, Feeds, GraphTensors, LoadOptions, Target, check_signatures
 
@@ -213,17 +213,17 @@ class StateKV:
     place by every call; read(key) gives one as an array (the drafter reads the store layers')."""
 
     def __init__(self, manifest: Manifest, backend: Backend, graph: CompiledGraph):
-        opts = backend.options
+        opts = litert_options(backend)
         self.graph = graph
         self.specs = {t.key: (tuple(t.shape), np.dtype(t.dtype)) for t in backend.signatures["decode"].inputs
                       if t.role in CACHE_ROLES}
         self.version = 0  # counts changes of the caches: every target call updates them in place
         self._read: dict[tuple, tuple[int, np.ndarray]] = {}  # key -> (version, array), read once per version
-        self.capacity = int(opts["cache_len"])
-        self.hidden = np.float32(opts["mask"]["hidden"])
         spec = manifest.kv_cache
-        self.sliding_past = int(spec["sliding_past"])
-        self.drafter_sliding = int(spec["drafter_sliding_visible"])
+        self.capacity = spec.capacity  # every backend's cache length
+        self.hidden = np.float32(opts.mask["hidden"])
+        self.sliding_past = spec.sliding_past
+        self.drafter_sliding = spec.drafter_sliding_visible
         self.last = LastCall()
 
     def read(self, key: tuple) -> np.ndarray:
@@ -263,10 +263,9 @@ class StateKV:
 class StateTarget:
     def __init__(self, session: LiteRtSession, kv: StateKV):
         self.session, self.kv = session, kv
-        opts = session.backend.options
-        self.prefill = sorted(opts["prefill"], key=lambda p: p["num_tokens"])  # [{num_tokens, signature}]
-        self.verify_len = int(opts["verify_len"])
-        self.max_draft = self.verify_len - 1
+        opts = litert_options(session.backend)
+        self.prefill = sorted(opts.prefill, key=lambda p: p["num_tokens"])  # [{num_tokens, signature}]
+        self.max_draft = opts.max_draft  # verify takes max_draft + 1 tokens, padded
         self.calls = 0
 
     @property
@@ -276,11 +275,11 @@ class StateTarget:
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         n = self.prefill[-1]["num_tokens"]
         prefill_end = -(-(prompt_len - 1) // n) * n  # padded prefill chunks
-        return max(prefill_end, prompt_len + max_new_tokens + self.verify_len)  # a padded verify may overhang
+        return max(prefill_end, prompt_len + max_new_tokens + self.max_draft + 1)  # a padded verify may overhang
 
     def _call(self, signature: str, ids: list[int], pos: int) -> Feeds:
         if pos + len(ids) > self.kv.capacity:
-            raise CacheFullError(f"KV cache full: position {pos + len(ids)} is past the export's cache_len "
+            raise CacheFullError(f"KV cache full: position {pos + len(ids)} is past the export's kv_cache.capacity "
                                  f"{self.kv.capacity}; re-export with a larger --max-cache-len")
         out = self.kv.graph.run(signature, self.feeds(ids, pos))  # caches updated in place
         self.kv.version += 1
@@ -307,9 +306,9 @@ class StateTarget:
         if len(ids) == 1:
             out = self._call("decode", ids, pos)
         else:
-            if len(ids) > self.verify_len:
-                raise ValueError(f"{len(ids) - 1} drafts do not fit the static verify length {self.verify_len}")
-            out = self._call("verify", ids + [0] * (self.verify_len - len(ids)), pos)
+            if len(ids) > self.max_draft + 1:
+                raise ValueError(f"{len(ids) - 1} drafts do not fit the static verify, max_draft {self.max_draft}")
+            out = self._call("verify", ids + [0] * (self.max_draft + 1 - len(ids)), pos)
         self.kv.last.start, self.kv.last.end = start, pos + len(ids)
         self.calls += 1  # one logical call, as on ONNX: tokens per target call must not depend on prefill chunks
         n = len(ids)
@@ -324,7 +323,7 @@ class StateDrafter:
 
     def __init__(self, session: LiteRtSession, kv: StateKV, vocab_size: int):
         self.session, self.kv, self.vocab_size = session, kv, vocab_size
-        windows = session.backend.options.get("draft_windows") or [{"full_slots": kv.capacity,
+        windows = litert_options(session.backend).draft_windows or [{"full_slots": kv.capacity,
                                                                     "signature": "draft_masked"}]
         self.signatures = sorted((int(w["full_slots"]), str(w["signature"])) for w in windows)
         self._round: tuple[Ranges | None, int, str, Feeds] = (None, -1, "", {})  # (view, version, signature, feeds)
@@ -372,6 +371,13 @@ class StateDrafter:
         return signature, feeds
 
 
+def litert_options(backend: Backend) -> LiteRtOptions:
+    """The entry's options, read as LiteRT's record (a manifest names its kind's record: records.OPTIONS)."""
+    options = backend.options
+    assert isinstance(options, LiteRtOptions), type(options)
+    return options
+
+
 def full_logits(selected: np.ndarray, ids: np.ndarray, vocab_size: int) -> np.ndarray:
     """A centroid head's vocabulary-wide logits, filled as the graph's `draft` signature and transformers fill
     them (every unselected token: min(selected) - 1), so greedy and sampled drafts are unchanged."""
@@ -399,4 +405,4 @@ def load(manifest: Manifest, backend: Backend, threads: int | None = None,
     session = LiteRtSession(manifest, backend, threads, skip=graph, options=options)
     kv = StateKV(manifest, backend, CompiledGraph(str(manifest.path(backend.graphs[graph].file)), backend, graph,
                                                   default_threads(threads), options))
-    return StateTarget(session, kv), StateDrafter(session, kv, int(manifest.model["vocab_size"]))
+    return StateTarget(session, kv), StateDrafter(session, kv, int(manifest.model.vocab_size))

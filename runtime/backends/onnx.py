@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Callable, TypeAlias, cast
 
 import numpy as np
 
-from .. import schema
 from ..embedding_table import QuantizedTable
 from ..handoff import CacheFullError, LastCall, drafter_ranges
-from ..manifest import Backend, Manifest, ManifestError
+from ..manifest import Backend, Manifest, ManifestError, OnnxOptions
 from . import Drafter as DrafterProtocol
 from . import Feeds, GraphTensors, LoadOptions, check_signatures
 from . import Target as TargetProtocol
@@ -28,16 +27,12 @@ if TYPE_CHECKING:
 
 StoreView: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]]  # the drafter's view: store-layer K, V per layer type
 
-# What this backend reads of backends.onnx.options: the embedding table it shares with the target graph, and the
-# oldest ONNX Runtime its fused graphs run on
-OPTIONS = schema.fields(
-    {"embedding": schema.fields({"file": schema.STR, "dtype": schema.STR, "shape": schema.items(schema.integer(1), 2),
-                                 "scale": schema.NUMBER}, {"offset": schema.integer()})},
-    {"min_onnxruntime": schema.optional(schema.release)})
 
-
-def check_options(options: dict, where: str) -> None:
-    OPTIONS(options, where)
+def onnx_options(backend: Backend) -> OnnxOptions:
+    """The entry's options, read as ONNX's record (a manifest names its kind's record: records.OPTIONS)."""
+    options = backend.options
+    assert isinstance(options, OnnxOptions), type(options)
+    return options
 
 
 def load_errors() -> tuple[type[BaseException], ...]:
@@ -86,7 +81,7 @@ class OrtSession:
         """One InferenceSession of a graph at `threads` intra-op threads, with the options above."""
         import onnxruntime as ort
 
-        _check_version(ort.__version__, backend.options.get("min_onnxruntime"))
+        _check_version(ort.__version__, onnx_options(backend).min_onnxruntime)
         missing = [name for name in SIGNATURES if name not in backend.signatures]
         if missing:
             raise ManifestError(f"manifest.json: backends.onnx.signatures.{missing[0]} is missing; re-export the model")
@@ -151,14 +146,14 @@ class WindowKV:
 
     def __init__(self, manifest: Manifest):
         spec = manifest.kv_cache
-        self.capacity = int(spec["capacity"])
+        self.capacity = spec.capacity
         self.types = {d.layer: d.type for d in manifest.kv_layers}
         self.buffers = {d.layer: (np.zeros((1, d.kv_heads, self.capacity, d.head_dim), np.float32),
                                   np.zeros((1, d.kv_heads, self.capacity, d.head_dim), np.float32))
                         for d in manifest.kv_layers}
-        self.sliding_past = int(spec["sliding_past"])  # W-1: what a sliding layer needs of the past
-        self.drafter_sliding = int(spec["drafter_sliding_visible"])  # W+1: what the drafter's sliding layers see
-        self.drafter_layers = {t: int(i) for t, i in spec["drafter_layers"].items()}
+        self.sliding_past = spec.sliding_past  # W-1: what a sliding layer needs of the past
+        self.drafter_sliding = spec.drafter_sliding_visible  # W+1: what the drafter's sliding layers see
+        self.drafter_layers = {t: int(i) for t, i in spec.drafter_layers.items()}
         self.last = LastCall()
         # per layer: its buffers and feed/output keys, resolved once (a target call touches every layer twice)
         self._layers = [(k, v, self.types[layer] != "full_attention", ("past_key", layer), ("past_value", layer),
@@ -202,7 +197,7 @@ class Embeddings:
     """The target's scaled token embedding, looked up on the host in the table the target graph also uses."""
 
     def __init__(self, manifest: Manifest, backend: Backend):
-        e = backend.options["embedding"]
+        e = onnx_options(backend).embedding
         path = manifest.path(e["file"])  # refuses a file outside the export folder
         self.scale = np.float32(e["scale"])
         if e["dtype"] in ("int4", "int8"):  # blockwise codes + scales, as the graph's GatherBlockQuantized reads them

@@ -126,7 +126,7 @@ def describe(out_dir: Path, target_adapter, target_config, *, prefill_len: int, 
                        "per_layer_embed_prefill": [{"num_tokens": prefill_len,
                                                     "signature": f"prefill_per_layer_embedder_{prefill_len}"}],
                        "per_layer_embed_decode": "decode_per_layer_embedder"},
-        "cache_len": cache_len, "prefill_lens": [prefill_len], "verify_len": max_draft + 1, "max_draft": max_draft,
+        "prefill_lens": [prefill_len], "max_draft": max_draft,  # verify takes max_draft + 1 tokens
         "kv_cache": {"layers": layer_names, "store_layers": target_adapter.store_layers(target_config),
                      "dtype": "float32",
                      "key_layout": "[1, kv_heads, cache_len, head_dim]", "key_seq_axis": 2,

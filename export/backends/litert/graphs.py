@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
+from mtpkit.runtime.manifest import Backend, GraphFile, LiteRtOptions, Signature, TensorSpec, sha256_file
 
 from ...scoped import gemma4_layer_types_in_order, insertion_ordered_sets, output_captured, patched
 from .. import ExportJob
@@ -136,11 +136,10 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
         d = files[graph]["signatures"][name]
         sigs[key] = Signature(graph, [TensorSpec(**t) for t in d["inputs"]], [TensorSpec(**t) for t in d["outputs"]],
                               d.get("num_tokens"), name)
-    options = {k: info[k] for k in ("cache_len", "verify_len", "max_draft", "mask", "kv_cache", "drafter_visibility")}
-    options["prefill"] = names["prefill"]
-    if "draft_windows" in names:
-        options["draft_windows"] = names["draft_windows"]
-    options["bundle"] = {"file": bundle, "sections": info["bundle"].get("sections")}
+    options = LiteRtOptions(max_draft=info["max_draft"], mask=info["mask"], kv_cache=info["kv_cache"],
+                            drafter_visibility=info["drafter_visibility"], prefill=names["prefill"],
+                            draft_windows=names.get("draft_windows"),
+                            bundle={"file": bundle, "sections": info["bundle"].get("sections")})
     return Backend("litert", "state", graphs, sigs, options)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpkit.runtime.manifest import Backend, GraphFile, Signature, TensorSpec, sha256_file
+from mtpkit.runtime.manifest import Backend, GraphFile, LiteRtOptions, Signature, TensorSpec, sha256_file
 
 from ... import int4
 from ...recipes import FP32, KEPT_8BIT, Recipe
@@ -54,8 +54,9 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     for recipe in recipes.values():
         if recipe.quantized and recipe.litert is None:
             raise ValueError(f"the {recipe.name} recipe has no LiteRT encoding (export/recipes.py `litert`)")
-    graphs, options = dict(backend.graphs), dict(backend.options)
-    detail = dict(options.get("quantization") or {})
+    graphs, options = dict(backend.graphs), backend.options
+    assert isinstance(options, LiteRtOptions)  # this module's own entry
+    detail = dict(options.quantization or {})
     changed = False
     for name in BUNDLE_SECTIONS:
         recipe = recipes.get("drafter" if name == "drafter" else "target", FP32)
@@ -74,9 +75,9 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     sections = rebuild_bundle(folder / bundle, {BUNDLE_SECTIONS[n]: folder / graphs[n].file
                                                 for n in BUNDLE_SECTIONS if n in graphs})
     graphs["bundle"] = dataclasses.replace(_graph_file(folder, bundle), recipe=graphs["target"].recipe)
-    options["bundle"] = {**options["bundle"], "section_recipes": {
+    bundled = {**options.bundle, "section_recipes": {
         section: graphs[name].recipe for name, section in BUNDLE_SECTIONS.items() if section in sections}}
-    options["quantization"] = detail
+    options = dataclasses.replace(options, bundle=bundled, quantization=detail)
     return dataclasses.replace(backend, graphs=graphs, signatures=redescribe(folder, graphs, backend.signatures),
                                options=options)
 

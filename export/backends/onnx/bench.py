@@ -57,13 +57,13 @@ def _feeds(manifest: Manifest, signature: str, past: int, tokens: int = 1) -> di
     rng = np.random.default_rng(0)
     sig = manifest.backend("onnx").signatures[signature]
     spec = manifest.kv_cache
-    windows = {"past_sliding": min(past, spec["sliding_past"]), "past_full": past, "T": tokens,
-               "sliding_len": min(past + 1, spec["drafter_sliding_visible"]), "full_len": past + 1}
+    windows = {"past_sliding": min(past, spec.sliding_past), "past_full": past, "T": tokens,
+               "sliding_len": min(past + 1, spec.drafter_sliding_visible), "full_len": past + 1}
     feeds = {}
     for t in sig.inputs:
         shape = [windows.get(d, 1) if isinstance(d, str) else d for d in t.shape]
         if t.role == "input_ids":
-            feeds[t.key] = rng.integers(0, manifest.model["vocab_size"], shape).astype(t.dtype)
+            feeds[t.key] = rng.integers(0, manifest.model.vocab_size, shape).astype(t.dtype)
         elif t.role == "input_pos":
             feeds[t.key] = np.full(shape, past, dtype=t.dtype)
         else:

@@ -12,7 +12,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, Signature, TensorSpec, sha256_file
+from mtpkit.runtime.manifest import Backend, GraphFile, KVLayer, OnnxOptions, Signature, TensorSpec, sha256_file
 
 from ...scoped import logger_level
 from .. import ExportJob
@@ -41,9 +41,8 @@ def export(job: ExportJob) -> Backend:
         raise RuntimeError(f"the embedding table is not an initializer of {t_path.name}")
     embedding["scale"] = float(embed.embed_scale.float())  # the graphs' fp32 scale, whatever --dtype holds
     graphs = {name: graph_file(job.folder, p) for name, p in (("target", t_path), ("drafter", d_path))}
-    options = {"embedding": embedding, "nodes": _log_nodes(job, graphs)}
-    if fuse:  # the contrib kernels' oldest ORT with MultiHeadAttention's grouped mask (fusions.py)
-        options["min_onnxruntime"] = "1.20"
+    # fused: the contrib kernels' oldest ORT with MultiHeadAttention's grouped mask (fusions.py)
+    options = OnnxOptions(embedding=embedding, nodes=_log_nodes(job, graphs), min_onnxruntime="1.20" if fuse else None)
     return Backend("onnx", "window", graphs, sigs, options)
 
 

@@ -49,7 +49,7 @@ def check_onnx(manifest, target, drafter, ids: list[int]) -> list[GraphCheck]:
 
 
 def _target_feeds(sig, manifest, ids, pos, kv) -> dict:
-    window = manifest.model["sliding_window"] - 1
+    window = manifest.model.sliding_window - 1
     types = {d.layer: d.type for d in manifest.kv_layers}
     feeds = {sig.input("input_ids").name: np.array([ids], np.int64), sig.input("input_pos").name: np.array([pos], np.int64)}
     for layer, (k, v) in kv.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from mtpkit.runtime.backends.onnx import release
-from mtpkit.runtime.manifest import Backend
+from mtpkit.runtime.manifest import Backend, OnnxOptions
 
 from ... import int4
 from ...recipes import Recipe
@@ -33,10 +33,13 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
     GatherBlockQuantized over the same bytes, see embedding.py) and stays stored once in embeddings.bin, where the
     host's drafter lookup reads it too. Derived from a float export, so one export serves every recipe. `plans` ("target" /
     "drafter" -> export/int4.Int4Plan, int4 recipes): the weights kept at 8 bits and the scale search's importance;
-    the choice per weight is recorded in options["quantization"]."""
+    the choice per weight is recorded in options.quantization."""
     import onnx
 
-    graphs, options = dict(backend.graphs), dict(backend.options)
+    graphs, options = dict(backend.graphs), backend.options
+    assert isinstance(options, OnnxOptions)  # this module's own entry
+    embedding, lookup, oldest = options.embedding, dict(options.lookup_tables or {}), options.min_onnxruntime
+    detail = dict(options.quantization or {})
     for name, recipe in recipes.items():
         if not recipe.quantized or recipe_named(graphs[name].recipe).quantized:
             continue
@@ -57,15 +60,15 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
             for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
                 model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
                                                  accuracy_level=accuracy_level, **tables)
-                options["lookup_tables"] = {**options.get("lookup_tables", {}), table: f"int{ple_bits}"}
-        if layout or options.get("lookup_tables"):  # GatherBlockQuantized's `bits` attribute (embedding.py)
-            options["min_onnxruntime"] = max(options.get("min_onnxruntime", "0"), "1.21", key=release)
+                lookup[table] = f"int{ple_bits}"
+        if layout or lookup:  # GatherBlockQuantized's `bits` attribute (embedding.py)
+            oldest = max(oldest or "0", "1.21", key=release)
         if layout:
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
-            options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
+            embedding = {**shared, "scale": embedding["scale"]}
         elif shared_name:  # the table's bytes (fp32, or fp16 under fp16) stay shared with the host lookup
             shared = save_sharing_embedding(model, path, shared_name)
-            options["embedding"] = {**shared, "scale": options["embedding"]["scale"]}
+            embedding = {**shared, "scale": embedding["scale"]}
         else:
             drop_stale_data(model, path)
             onnx.save_model(model, str(path))
@@ -73,10 +76,11 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
             stream.compact(path)  # drop the float tables' bytes the quantized ones replaced
         graphs[name] = dataclasses.replace(graph_file(folder, path), recipe=recipe.name)
         if plan is not None:
-            options["quantization"] = {**options.get("quantization", {}), name: {
-                "recipe": recipe.name, "tensors": dict(sorted(tensors.items())),
-                "calibration": dict(plan.calibration) or None}}
-    options["nodes"] = {name: node_count(folder / g.file) for name, g in graphs.items()}
+            detail[name] = {"recipe": recipe.name, "tensors": dict(sorted(tensors.items())),
+                            "calibration": dict(plan.calibration) or None}
+    nodes = {name: node_count(folder / g.file) for name, g in graphs.items()}
+    options = dataclasses.replace(options, embedding=embedding, nodes=nodes, min_onnxruntime=oldest,
+                                  lookup_tables=lookup or None, quantization=detail or None)
     return dataclasses.replace(backend, graphs=graphs, options=options)
 
 

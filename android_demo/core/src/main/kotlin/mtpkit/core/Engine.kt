@@ -6,11 +6,12 @@ data class GenConfig(
     val mtp: Boolean = true, // false: plain decoding on the same target graph
     val numAssistantTokens: Int? = null,
     val schedule: String? = null, // constant | heuristic
-    val draftCap: Int = 16, // upper bound for the heuristic schedule
+    val maxDraft: Int = 16, // the most drafts a round may take (the heuristic schedule's bound)
 ) {
     init {
         require(maxNewTokens >= 1) { "maxNewTokens must be >= 1 (got $maxNewTokens)" }
         require(numAssistantTokens == null || numAssistantTokens >= 1) { "numAssistantTokens must be >= 1; set mtp = false to disable drafting" }
+        require(maxDraft >= 1) { "maxDraft must be >= 1 (got $maxDraft)" }
     }
 }
 
@@ -18,7 +19,7 @@ data class GenConfig(
 class Engine(val manifest: ModelManifest, val target: Target, val drafter: Drafter) {
     fun schedule(cfg: GenConfig): DraftSchedule {
         val k = cfg.numAssistantTokens ?: manifest.numAssistantTokens
-        return DraftSchedule(cfg.schedule ?: manifest.schedule, k, maxOf(cfg.draftCap, k))
+        return DraftSchedule(cfg.schedule ?: manifest.schedule, k, maxOf(cfg.maxDraft, k))
     }
 
     /** Yields tokens as they are produced; [stats] is updated after every token, so a UI can show it live. */

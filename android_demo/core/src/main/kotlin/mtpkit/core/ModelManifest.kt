@@ -4,7 +4,7 @@ import java.io.File
 import java.security.MessageDigest
 
 /** The manifest.json schema this code reads; mirrors SCHEMA_VERSION in runtime/manifest.py. */
-const val SCHEMA_VERSION = 2
+const val SCHEMA_VERSION = 3
 const val MANIFEST_NAME = "manifest.json"
 
 /** Mirrors runtime/roles.py ROLES: a tensor tagged with any other role is refused, as the Python runtime does. */
@@ -51,7 +51,7 @@ data class OnnxBackend(
     val embedding: EmbeddingTable,
 )
 
-/** What the Kotlin loop needs from manifest.json (schema_version 2); everything is bound by role, never by name. */
+/** What the Kotlin loop needs from manifest.json (schema_version 3); everything is bound by role, never by name. */
 data class ModelManifest(
     val root: File,
     val vocabSize: Int,

@@ -14,18 +14,18 @@ val SCHEDULES = listOf("constant", "heuristic")
 data class Emitted(val token: Int, val fromDraft: Boolean)
 
 /** constant: always k. heuristic: +2 after a round where every draft was accepted, -1 otherwise (>= 1). */
-class DraftSchedule(val kind: String = "constant", k: Int = 4, val cap: Int = 16) {
+class DraftSchedule(val kind: String = "constant", k: Int = 4, val maxDraft: Int = 16) {
     var k = k
         private set
 
     init {
         require(kind in SCHEDULES) { "unknown schedule '$kind'; use one of ${SCHEDULES.joinToString()}" }
         require(k >= 1) { "number of draft tokens must be >= 1 (got $k); run plainGenerate to disable drafting" }
-        require(cap >= k) { "draft cap $cap is below the initial draft length $k" }
+        require(maxDraft >= k) { "maxDraft $maxDraft is below the initial draft length $k" }
     }
 
     fun update(accepted: Int, drafted: Int) {
-        if (kind == "heuristic") k = if (accepted == drafted) minOf(cap, k + 2) else maxOf(1, k - 1)
+        if (kind == "heuristic") k = if (accepted == drafted) minOf(maxDraft, k + 2) else maxOf(1, k - 1)
     }
 }
 

@@ -50,8 +50,8 @@ class ManifestTest {
 
     @Test
     fun refusesAnotherSchemaVersion() {
-        val message = refusal(editedExport { it.replaceFirst("\"schema_version\": 2", "\"schema_version\": 1") })
-        assertTrue("schema_version 1" in message && "re-export" in message, message)
+        val message = refusal(editedExport { it.replaceFirst("\"schema_version\": 3", "\"schema_version\": 2") })
+        assertTrue("schema_version 2" in message && "re-export" in message, message)
     }
 
     @Test

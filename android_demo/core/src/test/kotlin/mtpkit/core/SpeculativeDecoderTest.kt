@@ -72,7 +72,7 @@ class SpeculativeDecoderTest {
     @Test
     fun heuristicScheduleGrowsUpToCap() {
         val stats = Stats()
-        run(correctSteps = 99, DraftSchedule("heuristic", 2, cap = 7), maxNew = 40, stats = stats)
+        run(correctSteps = 99, DraftSchedule("heuristic", 2, maxDraft = 7), maxNew = 40, stats = stats)
         assertEquals(listOf(2, 4, 6, 7, 7, 7), stats.drafts.map { it.size }.take(6))
     }
 
