@@ -59,20 +59,25 @@ def load(export_dir: str | Path, backend: str | None = None, threads: int | None
     return Model(Engine(export_dir, threads, backend))
 
 
-def gen_config(max_new_tokens: int = 64, mtp: bool = True, num_assistant_tokens: int | str | None = None, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> GenConfig:
-    """The runtime's GenConfig for Model's keyword arguments; raises ValueError for a bad value.
+# Model's generation keywords, with their defaults (runtime/engine.py GenConfig and SamplingConfig hold them):
+#   max_new_tokens=64        generation stops there or at an EOS token
+#   mtp=True                 False decodes without the drafter on the same target graph
+#   num_assistant_tokens=None  the draft length k per round; None or "auto": chosen each round by the cost model
+#                            from measured call costs and observed acceptance (plain decoding when drafting does not pay)
+#   temperature=0.0, top_k=0, top_p=1.0, seed=None   sampling; temperature 0 is greedy
+# Sampling is lossless: with or without mtp the output follows the target's distribution (greedy: identical tokens).
+GENERATION_OPTIONS = ("max_new_tokens", "mtp", "num_assistant_tokens", "temperature", "top_k", "top_p", "seed")
 
-    mtp=False decodes without the drafter on the same target graph; num_assistant_tokens is the draft length k per round
-    (None or "auto": chosen each round by the cost model from measured call costs and observed acceptance, plain
-    decoding when drafting does not pay); temperature 0 is greedy. Sampling is
-    lossless: with or without mtp the output follows the target's distribution (greedy: identical tokens).
-    """
+
+def gen_config(**options) -> GenConfig:
+    """The runtime's GenConfig for Model's generation keywords (GENERATION_OPTIONS above); raises ValueError for a
+    bad value and TypeError for an unknown keyword."""
     from mtpkit.runtime.engine import GenConfig
-    from mtpkit.runtime.sampling import SamplingConfig
 
-    return GenConfig(max_new_tokens=max_new_tokens, mtp=mtp, num_assistant_tokens=num_assistant_tokens,
-                     sampling=SamplingConfig(temperature, top_k, top_p, seed))
+    unknown = sorted(set(options) - set(GENERATION_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown keyword {unknown[0]!r}; the generation keywords are {', '.join(GENERATION_OPTIONS)}")
+    return GenConfig.from_options(**options)
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class Generation:
 class Model:
     """An opened export. One generation at a time: the KV cache is preallocated once and reused by every call.
 
-    Keyword arguments of generate/stream/chat/stream_chat are those of gen_config(). Generation stops at
+    The generation keywords of generate/stream/chat/stream_chat are GENERATION_OPTIONS. Generation stops at
     max_new_tokens or at an EOS token. A prompt that does not fit the export's KV capacity raises ValueError.
     """
 
@@ -94,21 +99,17 @@ class Model:
         self.engine = engine  # manifest, sessions, KV cache and codec (mtpkit.runtime.engine.Engine)
         self.last_stats: dict | None = None  # Stats.summary() of the latest run, also one stopped early
 
-    def generate(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_assistant_tokens: int | str | None = None,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                 chat: bool = False) -> Generation:
+    def generate(self, prompt: str, *, chat: bool = False, **options) -> Generation:
         """Generate a continuation of `prompt`; chat=True wraps it as one user turn in the chat template."""
-        cfg = gen_config(max_new_tokens, mtp, num_assistant_tokens, temperature, top_k, top_p, seed)
+        cfg = gen_config(**options)
         return self._generation(self.engine.codec.encode(prompt, chat=chat), cfg)
 
-    def stream(self, prompt: str, *, max_new_tokens: int = 64, mtp: bool = True, num_assistant_tokens: int | str | None = None,
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-               chat: bool = False) -> Iterator[str]:
+    def stream(self, prompt: str, *, chat: bool = False, **options) -> Iterator[str]:
         """Like generate, but yields text deltas as tokens arrive; joined they equal generate's text.
 
         Arguments are checked now, not at the first next(); stats are in self.last_stats once the iterator ends.
         """
-        cfg = gen_config(max_new_tokens, mtp, num_assistant_tokens, temperature, top_k, top_p, seed)
+        cfg = gen_config(**options)
         return self._deltas(self.engine.codec.encode(prompt, chat=chat), cfg)
 
     def chat(self, messages: list[dict], **options) -> Generation:

@@ -39,12 +39,10 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .engine import Engine, GenConfig
-    from .sampling import SamplingConfig
+    from .commands import generation_config
+    from .engine import Engine
 
-    # bad flags fail (exit 2) before the export opens, not after the first message
-    cfg = GenConfig(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_assistant_tokens=args.num_assistant_tokens,
-                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
+    cfg = generation_config(args)  # bad flags fail (exit 2) before the export opens, not after the first message
     engine = Engine(args.dir, args.threads, args.backend)
     history: list[dict] = []
     while (text := _read_line()) is not None:

@@ -6,10 +6,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mtpkit.errors import UsageError
 
 from .roles import BACKENDS
+
+if TYPE_CHECKING:
+    from .engine import GenConfig
 
 RUN_EPILOG = """Streams text as it is produced; --json prints prompt ids, output ids, text and stats instead.
 Greedy by default (output identical to transformers). With --temperature > 0 drafts are sampled from the
@@ -35,6 +39,17 @@ def draft_length(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto' (got {text!r})") from None
+
+
+GENERATION_FLAGS = ("max_new_tokens", "mtp", "num_assistant_tokens", "schedule", "max_draft", "kv_handoff",
+                    "temperature", "top_k", "top_p", "seed")
+
+
+def generation_config(args: argparse.Namespace) -> GenConfig:
+    """GenConfig.from_options over the generation flags a command defines (run and chat share their spelling)."""
+    from .engine import GenConfig
+
+    return GenConfig.from_options(**{k: getattr(args, k) for k in GENERATION_FLAGS if hasattr(args, k)})
 
 
 def export_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,14 +90,11 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.command == "parity":
         return _parity(args)
-    from .engine import Engine, GenConfig
-    from .sampling import SamplingConfig
+    from .engine import Engine
     from .stats import Stats, stats_line
     from .tokenizer import StreamDecoder
 
-    cfg = GenConfig(max_new_tokens=args.max_new_tokens, mtp=args.mtp, num_assistant_tokens=args.num_assistant_tokens,
-                    schedule=args.schedule, max_draft=args.max_draft, kv_handoff=args.kv_handoff,
-                    sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
+    cfg = generation_config(args)
     prompt = prompt_text(args.prompt, args.prompt_file)  # before the export opens: bad input fails fast
     engine = Engine(args.dir, args.threads, args.backend)
     prompt_ids = engine.codec.encode(prompt, chat=args.chat)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from mtpkit.errors import UsageError, check_int
 
@@ -50,6 +50,19 @@ class GenConfig:
         check_int("--max-draft", self.max_draft, 1)
         if self.kv_handoff not in HANDOFF_MODES:
             raise UsageError(f"unknown --kv-handoff {self.kv_handoff!r}; use one of {', '.join(HANDOFF_MODES)}")
+
+    @classmethod
+    def from_options(cls, **options: Any) -> GenConfig:
+        """The one way from what a user gives (CLI flags, API keywords) to a GenConfig: its own fields, with
+        SamplingConfig's (temperature, top_k, top_p, seed) beside them; an unknown name is a TypeError, as in any
+        call."""
+        sampling = {f.name for f in fields(SamplingConfig)}
+        known = {f.name for f in fields(cls)} - {"sampling"} | sampling
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown generation option {unknown[0]!r}; the options are {', '.join(sorted(known))}")
+        return cls(**{k: v for k, v in options.items() if k not in sampling},
+                   sampling=SamplingConfig(**{k: v for k, v in options.items() if k in sampling}))
 
     @property
     def auto(self) -> bool:

@@ -109,3 +109,26 @@ def test_chat_cli_survives_a_full_cache_and_resets(export_dir):
     lines = result.stderr.splitlines()
     assert any("KV capacity of 256" in ln and "/reset" in ln for ln in lines) and "Traceback" not in result.stderr
     assert "mtpkit: history cleared" in lines and len(STATS_LINE.findall(result.stderr)) == 1  # ended at the empty line
+
+
+def test_generation_options_are_one_keyword_set_and_one_constructor():
+    """The API's keywords and the CLI's flags build a GenConfig the same way (GenConfig.from_options); an unknown
+    keyword is a TypeError naming the known ones."""
+    import argparse
+
+    from mtpkit.api import GENERATION_OPTIONS, gen_config
+    from mtpkit.runtime import commands
+    from mtpkit.runtime.engine import GenConfig
+    from mtpkit.runtime.sampling import SamplingConfig
+
+    cfg = gen_config(max_new_tokens=8, temperature=0.5, seed=3)
+    assert cfg == GenConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=0.5, seed=3))
+    parser = argparse.ArgumentParser()
+    commands.add_arguments(parser, "run")
+    args = parser.parse_args(["DIR", "--prompt", "x", "--max-new-tokens", "8", "--temperature", "0.5", "--seed", "3"])
+    assert commands.generation_config(args) == cfg
+    assert set(GENERATION_OPTIONS) <= set(commands.GENERATION_FLAGS)
+    with pytest.raises(TypeError, match="unknown keyword 'temprature'; the generation keywords are max_new_tokens"):
+        gen_config(temprature=0.5)
+    with pytest.raises(TypeError, match="unknown generation option 'k'"):
+        GenConfig.from_options(k=3)
