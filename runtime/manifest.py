@@ -13,14 +13,14 @@ from pathlib import Path
 
 from mtpkit.errors import ManifestError
 
-from .records import (OPTIONS, Backend, Generation, GraphFile, KVCache, KVLayer, LiteRtOptions, Model,  # noqa: F401
+from .records import (Backend, Generation, GraphFile, KVCache, KVLayer, LiteRtOptions, Model,  # noqa: F401
                       OnnxOptions, Options, Quantization, Record, Signature, TensorSpec, Tokens, field)
 from .roles import BACKENDS
 from .schema import BOOL, DICT, STR, check_links, fields, integer, items, mapping, optional
 from .verified import VerifiedFiles, sha256_file  # noqa: F401  (sha256_file: the exporters' import)
 
 # 3: every backend's KV capacity is kv_cache.capacity alone, LiteRT's verify takes options.max_draft + 1 tokens, and
-#    each backend's options are a record (records.OPTIONS) checked when read.
+#    each backend's options are a record (its row in runtime/roles.py BACKENDS) checked when read.
 SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 

@@ -3,7 +3,8 @@
 Readers build them with `Record.from_json` (a missing field or a value of the wrong type is a one-line ManifestError
 naming the field), writers construct them and `to_json` emits the keys in field order, so what is written, what is
 read and what is checked cannot drift apart. A field whose metadata says `omit` is left out of the JSON while None.
-Keys a record does not list are ignored. Backend options are one record per kind (OPTIONS).
+Keys a record does not list are ignored. Backend options are one record per kind, named by its row in
+runtime/roles.py BACKENDS beside the rest of what a backend declares.
 """
 
 from __future__ import annotations
@@ -14,74 +15,11 @@ from typing import Any, TypeVar
 
 from mtpkit.errors import ManifestError
 
-from .roles import ROLES
-from .schema import (DICT, NUMBER, STR, Check, dtype, fields, integer, items, mapping, one_of, optional,
-                     release, shape_dim)
+from .record import Record, field
+from .roles import BACKENDS, ROLES, LiteRtOptions, OnnxOptions, Options  # noqa: F401  (the options records' home)
+from .schema import DICT, NUMBER, STR, dtype, fields, integer, items, mapping, one_of, optional, shape_dim
 
-R = TypeVar("R", bound="Record")
 LAYER_TYPES = ("sliding_attention", "full_attention")
-
-
-def field(check: Check | None = None, *, record: type | None = None, many: str = "", default: Any = dataclasses.MISSING,
-          omit: bool = False, factory: Any = dataclasses.MISSING) -> Any:
-    """A record field: `check` for a plain JSON value, or `record` (one, or many="list" / many="dict" of them)."""
-    meta = {"check": check, "record": record, "many": many, "omit": omit}
-    return dataclasses.field(default=default, default_factory=factory, metadata=meta)
-
-
-class Record:
-    """Base of the manifest's records (frozen dataclasses)."""
-
-    @classmethod
-    def from_json(cls: type[R], data: object, where: str) -> R:
-        DICT(data, where)
-        assert isinstance(data, dict)
-        values = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # every Record is a dataclass
-            if "check" not in f.metadata:
-                continue  # not a JSON field (Manifest.root)
-            at = f"{where}.{f.name}" if where else f.name
-            if f.name not in data:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise ManifestError(f"manifest.json: {at} is missing; re-export the model with this mtpkit")
-                continue
-            values[f.name] = _read(f.metadata, data[f.name], at)
-        return cls(**values)
-
-    def to_json(self) -> dict:
-        return {f.name: _write(getattr(self, f.name)) for f in dataclasses.fields(self)  # type: ignore[arg-type]
-                if "check" in f.metadata and not (f.metadata["omit"] and getattr(self, f.name) is None)}
-
-
-def _read(meta: Any, value: object, where: str) -> Any:
-    record, many = meta.get("record"), meta.get("many")
-    if record is None:
-        if meta.get("check"):
-            meta["check"](value, where)
-        return value
-    if many == "list":
-        items(_any)(value, where)
-        assert isinstance(value, list)
-        return [record.from_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if many == "dict":
-        mapping(_any, 1)(value, where)
-        assert isinstance(value, dict)
-        return {k: record.from_json(v, f"{where}.{k}") for k, v in value.items()}
-    return record.from_json(value, where)
-
-
-def _any(value: object, where: str) -> None:
-    """Each item's own record checks it."""
-
-
-def _write(value: Any) -> Any:
-    if isinstance(value, Record):
-        return value.to_json()
-    if isinstance(value, list):
-        return [_write(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _write(v) for k, v in value.items()}
-    return value
 
 
 @dataclass(frozen=True)
@@ -137,57 +75,6 @@ class GraphFile(Record):
     recipe: str = field(STR, default="fp32")  # quantization recipe of this graph's weights (export/config.py)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Options(Record):
-    """What every backend's options carry, written after the kind's own fields: how each quantized graph stores its
-    weights, and the drafter's acceptance on its graphs (auto's prior)."""
-
-    quantization: dict | None = field(optional(DICT), default=None, omit=True)
-    acceptance_by_position: list[float] | None = field(optional(items(NUMBER)), default=None, omit=True)
-
-
-EMBEDDING = fields({"file": STR, "dtype": STR, "shape": items(integer(1), 2), "scale": NUMBER}, {"offset": integer()})
-
-
-@dataclass(frozen=True, kw_only=True)
-class _OnnxFields(Record):
-    embedding: dict = field(EMBEDDING)  # file, dtype, shape, scale, and the int tables' layout
-    nodes: dict = field(DICT, factory=dict)  # graph -> node count (informational)
-    min_onnxruntime: str | None = field(optional(release), default=None, omit=True)
-    lookup_tables: dict | None = field(optional(mapping(STR)), default=None, omit=True)
-
-
-@dataclass(frozen=True, kw_only=True)
-class OnnxOptions(Options, _OnnxFields):  # fields: _OnnxFields', then Options' (reversed MRO)
-    """backends.onnx.options: the embedding table the target graph shares with the host's drafter lookup, and the
-    oldest ONNX Runtime its graphs run on."""
-
-
-PREFILL = fields({"num_tokens": integer(1), "signature": STR})
-WINDOW = fields({"full_slots": integer(1), "signature": STR})
-
-
-@dataclass(frozen=True, kw_only=True)
-class _LiteRtFields(Record):
-    max_draft: int = field(integer(1))  # the most drafts one verify call takes: verify runs max_draft + 1 tokens
-    mask: dict = field(fields({"hidden": NUMBER}))  # the mask convention
-    kv_cache: dict = field(DICT, factory=dict)  # the cache tensors' names, layouts and seq axes
-    drafter_visibility: dict = field(DICT, factory=dict)
-    prefill: list = field(items(PREFILL, 1))  # [{num_tokens, signature}]
-    draft_windows: list | None = field(optional(items(WINDOW)), default=None, omit=True)  # [{full_slots, signature}]
-    bundle: dict = field(fields({"file": STR}))  # file, sections, section_recipes
-
-
-@dataclass(frozen=True, kw_only=True)
-class LiteRtOptions(Options, _LiteRtFields):
-    """backends.litert.options: static lengths (the capacity is kv_cache.capacity), the mask convention, the cache
-    tensors, and the .litertlm bundle."""
-
-
-# each backend kind's options record (a new backend adds its own); a kind not listed has only the common ones
-OPTIONS: dict[str, type[Options]] = {"onnx": OnnxOptions, "litert": LiteRtOptions}
-
-
 @dataclass(frozen=True)
 class Backend(Record):
     """One graph format in the export folder: its files, signatures and how its KV cache is exchanged."""
@@ -196,14 +83,15 @@ class Backend(Record):
     kv_io: str = field(one_of("window", "state"))  # window: past in, new entries out (ONNX); state: whole cache (LiteRT)
     graphs: dict[str, GraphFile] = field(record=GraphFile, many="dict")
     signatures: dict[str, Signature] = field(record=Signature, many="dict")
-    options: Options = field(record=Options, factory=Options)  # the kind's own record (OPTIONS)
+    options: Options = field(record=Options, factory=Options)  # the kind's own record (roles.BACKENDS .options)
 
     @classmethod
     def from_json(cls, data: object, where: str) -> "Backend":
         DICT(data, where)
         assert isinstance(data, dict)
         entry = super().from_json({k: v for k, v in data.items() if k != "options"}, where)
-        options = OPTIONS.get(entry.kind, Options).from_json(data.get("options", {}), f"{where}.options")
+        record = BACKENDS[entry.kind].options if entry.kind in BACKENDS else Options
+        options = record.from_json(data.get("options", {}), f"{where}.options")
         return dataclasses.replace(entry, options=options)
 
 

@@ -2,15 +2,17 @@
 
 Exporters name tensors however their format wants and tag each with one of these roles; runtimes bind by
 (role, layer) and never by name. records.TensorSpec refuses a role missing here, so the table cannot drift
-from what the graphs carry. A new backend adds its row to BACKENDS (and new roles, if any), its options record
-(runtime/records.py OPTIONS), one export module export/backends/<kind>.py and one runtime module
-runtime/backends/<kind>.py; everything else finds it through
-them (tests/test_third_backend.py registers one that way and runs it end to end).
+from what the graphs carry. A new backend adds its row to BACKENDS (with the record of its manifest options, and new
+roles, if any), one export package export/backends/<kind>/ and one runtime module runtime/backends/<kind>.py;
+everything else finds it through them (tests/test_third_backend.py registers one that way and runs it end to end).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .record import Record, field
+from .schema import DICT, NUMBER, STR, fields, integer, items, mapping, optional, release
 
 ROLES = {
     # target signatures (prefill / decode / verify)
@@ -40,6 +42,53 @@ ROLES = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class Options(Record):
+    """What every backend's options carry, written after the kind's own fields: how each quantized graph stores its
+    weights, and the drafter's acceptance on its graphs (auto's prior)."""
+
+    quantization: dict | None = field(optional(DICT), default=None, omit=True)
+    acceptance_by_position: list[float] | None = field(optional(items(NUMBER)), default=None, omit=True)
+
+
+EMBEDDING = fields({"file": STR, "dtype": STR, "shape": items(integer(1), 2), "scale": NUMBER}, {"offset": integer()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class _OnnxFields(Record):
+    embedding: dict = field(EMBEDDING)  # file, dtype, shape, scale, and the int tables' layout
+    nodes: dict = field(DICT, factory=dict)  # graph -> node count (informational)
+    min_onnxruntime: str | None = field(optional(release), default=None, omit=True)
+    lookup_tables: dict | None = field(optional(mapping(STR)), default=None, omit=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OnnxOptions(Options, _OnnxFields):  # fields: _OnnxFields', then Options' (reversed MRO)
+    """backends.onnx.options: the embedding table the target graph shares with the host's drafter lookup, and the
+    oldest ONNX Runtime its graphs run on."""
+
+
+PREFILL = fields({"num_tokens": integer(1), "signature": STR})
+WINDOW = fields({"full_slots": integer(1), "signature": STR})
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LiteRtFields(Record):
+    max_draft: int = field(integer(1))  # the most drafts one verify call takes: verify runs max_draft + 1 tokens
+    mask: dict = field(fields({"hidden": NUMBER}))  # the mask convention
+    kv_cache: dict = field(DICT, factory=dict)  # the cache tensors' names, layouts and seq axes
+    drafter_visibility: dict = field(DICT, factory=dict)
+    prefill: list = field(items(PREFILL, 1))  # [{num_tokens, signature}]
+    draft_windows: list | None = field(optional(items(WINDOW)), default=None, omit=True)  # [{full_slots, signature}]
+    bundle: dict = field(fields({"file": STR}))  # file, sections, section_recipes
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiteRtOptions(Options, _LiteRtFields):
+    """backends.litert.options: static lengths (the capacity is kv_cache.capacity), the mask convention, the cache
+    tensors, and the .litertlm bundle."""
+
+
 @dataclass(frozen=True)
 class BackendKind:
     kv_io: str  # window: past window in, new entries out; state: whole cache in and out
@@ -48,10 +97,12 @@ class BackendKind:
     export_needs_onnx: bool  # its export is checked against the ONNX graphs, so they are written too
     export_modules: tuple[str, ...] = ()  # what its export imports beyond the [export] extra
     static_verify: bool = False  # verify takes a fixed token count (--max-draft + 1): longer rounds are refused
+    options: type[Options] = Options  # the record of its manifest options, read and checked with the manifest
 
 
 BACKENDS = {
-    "onnx": BackendKind("window", None, ("onnxruntime",), False),
+    "onnx": BackendKind("window", None, ("onnxruntime",), False, options=OnnxOptions),
     "litert": BackendKind("state", "litert", ("ai_edge_litert",), False,
-                          ("litert_torch", "ai_edge_litert", "litert_lm_builder", "ai_edge_quantizer"), True),
+                          ("litert_torch", "ai_edge_litert", "litert_lm_builder", "ai_edge_quantizer"), True,
+                          options=LiteRtOptions),
 }

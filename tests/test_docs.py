@@ -15,7 +15,7 @@ How docs/manifest.md must list the manifest's fields (test_manifest_reference_li
   `backends.<kind>.graphs`), and nothing else, except: keys inside a free-form object (a plain `dict` field of a
   record in runtime/records.py or runtime/manifest.py, e.g. `source`, `backends.<kind>.options.embedding`) may get
   rows of their own (`source.<side>.ref`); no record names them, so they are not checked. A record field's record
-  is walked with each kind's record of it (`backends.<kind>.options`: records.OPTIONS).
+  is walked with each kind's record of it (`backends.<kind>.options`: its row's record in roles.BACKENDS).
 """
 
 from __future__ import annotations

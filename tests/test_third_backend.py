@@ -1,6 +1,6 @@
-"""A third backend, registered through exactly the places the README's Layout names: its row in runtime/roles.py
-BACKENDS, its options record in runtime/records.py OPTIONS, export/backends/<kind>.py and runtime/backends/<kind>.py
-(here injected as modules).
+"""A third backend, registered through exactly the three places the README's Layout names: its row in
+runtime/roles.py BACKENDS (with its options record), export/backends/<kind>/ and runtime/backends/<kind>.py (here
+injected as modules).
 
 The "relay" backend writes and runs the ONNX exporter's graphs under its own name, with an extra that mtpkit has
 never heard of; the export holds no onnx backend at all. Everything else (config, extras, preflight, pipeline,
@@ -75,11 +75,11 @@ def _runtime_module() -> types.ModuleType:
 @pytest.fixture
 def relay(monkeypatch):
     """Register the backend in those places, for this test only."""
-    from mtpkit.runtime.records import OPTIONS, OnnxOptions
-    from mtpkit.runtime.roles import BACKENDS, BackendKind
+    from mtpkit.runtime.roles import BACKENDS, BackendKind, OnnxOptions
 
-    monkeypatch.setitem(OPTIONS, KIND, OnnxOptions)  # it writes and reads ONNX's options
-    monkeypatch.setitem(BACKENDS, KIND, BackendKind("window", "relay-extra", ("numpy",), False, ("numpy",)))
+    # it writes and reads ONNX's options
+    monkeypatch.setitem(BACKENDS, KIND, BackendKind("window", "relay-extra", ("numpy",), False, ("numpy",),
+                                                    options=OnnxOptions))
     monkeypatch.setitem(sys.modules, f"mtpkit.export.backends.{KIND}", _export_module())
     monkeypatch.setitem(sys.modules, f"mtpkit.runtime.backends.{KIND}", _runtime_module())
 
@@ -140,7 +140,7 @@ def test_a_third_backend_exports_loads_and_generates(relay, tiny_checkpoints, tm
 
 
 def test_a_third_backend_options_are_checked_by_its_own_record(relay):
-    """Reading the manifest reads each backend's options as its kind's record (records.OPTIONS)."""
+    """Reading the manifest reads each backend's options as its kind's record (its BACKENDS row's `options`)."""
     from mtpkit.errors import ManifestError
     from mtpkit.runtime.manifest import SCHEMA_VERSION, Manifest
 

@@ -5,7 +5,6 @@ Each module `runtime/backends/<kind>.py` provides
   against the Protocols below and never sees a backend class;
 - optionally `load_errors() -> tuple of exception types` that mean "this graph file is unreadable" to its graph
   runtime (reported as a damaged export, not as a bug in mtpkit);
-- its options record in runtime/records.py OPTIONS (read and checked with the manifest);
 `load` passes every graph it opens through `check_signatures` (below) before the graph's first call.
 """
 

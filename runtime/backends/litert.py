@@ -372,7 +372,7 @@ class StateDrafter:
 
 
 def litert_options(backend: Backend) -> LiteRtOptions:
-    """The entry's options, read as LiteRT's record (a manifest names its kind's record: records.OPTIONS)."""
+    """The entry's options, read as LiteRT's record (its kind's record: runtime/roles.py BACKENDS)."""
     options = backend.options
     assert isinstance(options, LiteRtOptions), type(options)
     return options

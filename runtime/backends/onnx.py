@@ -29,7 +29,7 @@ StoreView: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]]  # the drafter's
 
 
 def onnx_options(backend: Backend) -> OnnxOptions:
-    """The entry's options, read as ONNX's record (a manifest names its kind's record: records.OPTIONS)."""
+    """The entry's options, read as ONNX's record (its kind's record: runtime/roles.py BACKENDS)."""
     options = backend.options
     assert isinstance(options, OnnxOptions), type(options)
     return options
