@@ -118,26 +118,6 @@ def test_gemm_form(tmp_path):
     np.testing.assert_allclose(logits[0], hidden[0] @ table.dense().T, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("block_size,h", [(32, 64), (32, 96), (64, 96)])
-def test_uint4_alias_for_ort_1_20(tmp_path, block_size, h):
-    """gather_data="uint4": GatherBlockQuantized reads a uint4-typed initializer stored at the same file bytes."""
-    rng = np.random.default_rng(h + block_size)
-    w = rng.standard_normal((64, h)).astype(np.float32)
-    model, layout = quantize_shared_table(_tied_graph(w), "embed_weight", 4, block_size, 0, gather_data="uint4")
-    entry = save_with_table_external(model, tmp_path / "target.onnx", layout)
-    saved = onnx.load(str(tmp_path / "target.onnx"), load_external_data=False)
-    spans = {t.name: {e.key: e.value for e in t.external_data} for t in saved.graph.initializer
-             if t.data_location == TensorProto.EXTERNAL}
-    assert spans[layout["initializer_alias"]] == spans[layout["initializer_data"]]
-    assert (tmp_path / "embeddings.bin").stat().st_size == entry["data"]["length"] + entry["scales"]["length"]
-    ids = np.array([list(range(64))], np.int64)
-    hidden = rng.standard_normal((1, 64, h)).astype(np.float32)
-    embeds, logits = _run(tmp_path / "target.onnx", ids, hidden)
-    table = QuantizedTable(entry, tmp_path)
-    np.testing.assert_allclose(embeds[0], table.dense(), rtol=0, atol=1e-6)
-    np.testing.assert_allclose(logits[0], hidden[0] @ table.dense().T, rtol=1e-4, atol=1e-3)
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_tables_are_quantized_a_slab_of_rows_at_a_time_with_the_same_result(tmp_path, dtype):
     """E2B's PLE table (9.4 GB of fp32) is read through a memory map and quantized in slabs: byte-equal to the

@@ -22,6 +22,8 @@ data into one file (embeddings.bin) and returns the manifest's `embedding` entry
 """
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -178,18 +180,15 @@ def _find_uses(graph: onnx.GraphProto, initializer: str, w: np.ndarray):
 
 def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, block_size: int,
                           accuracy_level: int, base_dir: str | None = None,
-                          gather_data: str = "uint8", data_file: str | None = None) -> tuple[onnx.ModelProto, dict]:
-    """Replace the tied table `initializer` W [V, H] by one block-quantized copy read by both of its uses.
+                          data_file: str | None = None) -> tuple[onnx.ModelProto, dict]:
+    """Replace the tied table `initializer` W [V, H] by one block-quantized copy read by both of its uses: the
+    lm_head as MatMulNBits, the lookup as GatherBlockQuantized over Reshape(B) as uint8 with its `bits` attribute
+    (ORT >= 1.21).
 
     Args:
         model: the graph (its external data loaded, or base_dir given to read it).
         initializer: W's name.
         bits: 4 or 8. block_size: 16/32/64/128/... (power of two). accuracy_level: MatMulNBits's (0..4).
-        gather_data: "uint8" (default: GatherBlockQuantized reads Reshape(B) as uint8 with its `bits` attribute,
-            ORT >= 1.21) or "uint4" (bits=4 only, for ORT 1.20, whose GatherBlockQuantized has no `bits`
-            attribute and takes only int4/uint4 data: a second initializer typed uint4 [V, n_blocks*block_size]
-            that save_with_table_external points at the SAME bytes of the file, plus explicit uint4
-            zero_points = 8 [V, n_blocks], since 1.20's uint4 default zero point is 0).
         data_file: a file in base_dir the quantized table is appended to as external data when it is large
             (E2B's int8 PLE table is 2.35 GB: over protobuf's 2 GB message limit); None keeps it in the proto.
     Returns:
@@ -204,78 +203,101 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
     w = _table(tensor, base_dir)
     if w.ndim != 2 or w.dtype not in (np.float32, np.float16):
         raise ValueError(f"{initializer} must be a 2-D float32/float16 table, got {w.dtype} {w.shape}")
-    v, h = w.shape
     gathers, heads, dead = _find_uses(graph, initializer, w)
     if not gathers and not heads:
         raise RuntimeError(f"{initializer} has neither a Gather nor an lm_head use")
-
-    if gather_data not in ("uint8", "uint4") or (gather_data == "uint4" and bits != 4):
-        raise ValueError(f"gather_data {gather_data!r} with bits={bits}: uint8, or uint4 with bits=4")
     packed, scales = _quantize_rows(w, bits, block_size)
-    n_blocks, blob = packed.shape[1], packed.shape[2]
-    data_name = _unique(graph, f"{initializer}_q{bits}")
-    scales_name = _unique(graph, f"{initializer}_scales")
-    new_inits = [_initializer(packed, data_name, base_dir, data_file),
-                 _initializer(scales, scales_name, base_dir, data_file)]
-    new_nodes: dict[int, list[onnx.NodeProto]] = {}  # index of the replaced node -> its replacement(s)
+    table = _Packed(initializer, _unique(graph, f"{initializer}_q{bits}"), _unique(graph, f"{initializer}_scales"),
+                    bits, block_size, w.shape, packed.shape)
+    new_inits = [_initializer(packed, table.data, base_dir, data_file),
+                 _initializer(scales, table.scales, base_dir, data_file)]
     index = {id(n): i for i, n in enumerate(graph.node)}
+    new_nodes = {index[id(node)]: _head_nodes(graph, node, kind, table, accuracy_level, w.dtype, new_inits)
+                 for node, kind in heads}  # index of the replaced node -> its replacement(s)
+    new_nodes.update(_gather_nodes(graph, gathers, table, index, new_inits))
+    _rebuild(model, new_nodes, dead, {initializer}, new_inits)
+    v, h = w.shape
+    layout = {"initializer_data": table.data, "initializer_scales": table.scales, "bits": bits,
+              "block_size": block_size, "shape": [v, h], "n_blocks": table.n_blocks,
+              "data_shape": [v, table.n_blocks, table.blob], "scale_dtype": scales.dtype.name,
+              "zero_point": _zero_point(bits), "packing": _packing(bits)}
+    return model, layout
 
-    for node, kind in heads:
-        a = node.input[0]
+
+@dataclasses.dataclass(frozen=True)
+class _Packed:
+    """The quantized table's initializers and shape, as the nodes that read it need them."""
+    name: str  # the float table's initializer
+    data: str
+    scales: str
+    bits: int
+    block_size: int
+    shape: tuple[int, int]  # [V, H]
+    packed_shape: tuple[int, int, int]  # [V, n_blocks, blob]
+
+    @property
+    def n_blocks(self) -> int:
+        return self.packed_shape[1]
+
+    @property
+    def blob(self) -> int:
+        return self.packed_shape[2]
+
+
+def _head_nodes(graph, node, kind: str, table: _Packed, accuracy_level: int, dtype, new_inits: list) -> list:
+    """The lm_head use `node` as MatMulNBits over the packed table (a Gemm's C added back, times its beta)."""
+    out, (v, h) = node.output[0], table.shape
+    has_c = kind == "gemm" and len(node.input) >= 3 and node.input[2]
+    mm_out = _unique(graph, out + "_mm") if has_c else out
+    nodes = [helper.make_node("MatMulNBits", [node.input[0], table.data, table.scales], [mm_out],
+                              name=_unique(graph, (node.name or "lm_head") + "_MatMulNBits"),
+                              domain=MS_DOMAIN, K=h, N=v, bits=table.bits, block_size=table.block_size,
+                              accuracy_level=accuracy_level)]
+    if has_c:  # Gemm's C, times beta
+        c = node.input[2]
+        beta = float(_attr(node, "beta", 1.0))
+        if beta != 1.0:
+            beta_name = _unique(graph, out + "_beta")
+            new_inits.append(numpy_helper.from_array(np.array(beta, dtype), beta_name))
+            scaled = _unique(graph, out + "_c")
+            nodes.append(helper.make_node("Mul", [c, beta_name], [scaled]))
+            c = scaled
+        nodes.append(helper.make_node("Add", [mm_out, c], [out]))
+    return nodes
+
+
+def _gather_nodes(graph, gathers: list, table: _Packed, index: dict, new_inits: list) -> dict[int, list]:
+    """Each lookup as GatherBlockQuantized over the packed rows (one Reshape before the first), sliced back to H
+    where the rows were padded to whole blocks."""
+    if not gathers:
+        return {}
+    (v, h), name = table.shape, table.name
+    flat_shape, flat = _unique(graph, f"{name}_q_rows_shape"), _unique(graph, f"{name}_q_rows")
+    new_inits.append(numpy_helper.from_array(np.array([v, table.n_blocks * table.blob], np.int64), flat_shape))
+    reshape = helper.make_node("Reshape", [table.data, flat_shape], [flat], name=_unique(graph, flat + "_Reshape"))
+    replaced = {}
+    for i, node in enumerate(gathers):
         out = node.output[0]
-        nodes = []
-        mm_out = out if kind != "gemm" or len(node.input) < 3 or not node.input[2] else _unique(graph, out + "_mm")
-        nodes.append(helper.make_node("MatMulNBits", [a, data_name, scales_name], [mm_out],
-                                      name=_unique(graph, (node.name or "lm_head") + "_MatMulNBits"),
-                                      domain=MS_DOMAIN, K=h, N=v, bits=bits, block_size=block_size,
-                                      accuracy_level=accuracy_level))
-        if mm_out != out:  # Gemm's C, times beta
-            c = node.input[2]
-            beta = float(_attr(node, "beta", 1.0))
-            if beta != 1.0:
-                beta_name = _unique(graph, out + "_beta")
-                new_inits.append(numpy_helper.from_array(np.array(beta, w.dtype), beta_name))
-                scaled = _unique(graph, out + "_c")
-                nodes.append(helper.make_node("Mul", [c, beta_name], [scaled]))
-                c = scaled
-            nodes.append(helper.make_node("Add", [mm_out, c], [out]))
-        new_nodes[index[id(node)]] = nodes
+        padded = table.n_blocks * table.block_size != h
+        gbq_out = _unique(graph, out + "_padded") if padded else out
+        nodes = [reshape] if i == 0 else []
+        nodes.append(helper.make_node("GatherBlockQuantized", [flat, node.input[1], table.scales], [gbq_out],
+                                      name=_unique(graph, (node.name or "embed") + "_GatherBlockQuantized"),
+                                      domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
+                                      block_size=table.block_size, bits=table.bits))
+        if padded:  # K was zero-padded to whole blocks: drop the pad columns
+            names = [_unique(graph, out + s) for s in ("_starts", "_ends", "_axes")]
+            for nm, val in zip(names, (0, h, -1)):
+                new_inits.append(numpy_helper.from_array(np.array([val], np.int64), nm))
+            nodes.append(helper.make_node("Slice", [gbq_out, *names], [out]))
+        replaced[index[id(node)]] = nodes
+    return replaced
 
-    alias = None
-    if gathers and gather_data == "uint4":
-        flat = alias = _unique(graph, f"{initializer}_q_rows_u4")
-        new_inits.append(helper.make_tensor(alias, TensorProto.UINT4, [v, n_blocks * block_size],
-                                            packed.tobytes(), raw=True))
-        zp_name = _unique(graph, f"{initializer}_zero_points_u4")
-        new_inits.append(helper.make_tensor(zp_name, TensorProto.UINT4, [v, n_blocks],
-                                            np.full(-(-v * n_blocks // 2), 0x88, np.uint8).tobytes(), raw=True))
-        reshape, gbq_extra, gbq_attrs = None, [zp_name], {}
-    elif gathers:
-        flat_shape = _unique(graph, f"{initializer}_q_rows_shape")
-        flat = _unique(graph, f"{initializer}_q_rows")
-        new_inits.append(numpy_helper.from_array(np.array([v, n_blocks * blob], np.int64), flat_shape))
-        reshape = helper.make_node("Reshape", [data_name, flat_shape], [flat], name=_unique(graph, flat + "_Reshape"))
-        gbq_extra, gbq_attrs = [], {"bits": bits}
-    if gathers:
-        first = True
-        for node in gathers:
-            out = node.output[0]
-            padded = n_blocks * block_size != h
-            gbq_out = _unique(graph, out + "_padded") if padded else out
-            nodes = [reshape] if first and reshape is not None else []
-            first = False
-            nodes.append(helper.make_node("GatherBlockQuantized", [flat, node.input[1], scales_name, *gbq_extra],
-                                          [gbq_out],
-                                          name=_unique(graph, (node.name or "embed") + "_GatherBlockQuantized"),
-                                          domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
-                                          block_size=block_size, **gbq_attrs))
-            if padded:  # K was zero-padded to whole blocks: drop the pad columns
-                names = [_unique(graph, out + s) for s in ("_starts", "_ends", "_axes")]
-                for nm, val in zip(names, (0, h, -1)):
-                    new_inits.append(numpy_helper.from_array(np.array([val], np.int64), nm))
-                nodes.append(helper.make_node("Slice", [gbq_out, *names], [out]))
-            new_nodes[index[id(node)]] = nodes
 
+def _rebuild(model: onnx.ModelProto, new_nodes: dict, dead: list, removed: set, new_inits: list) -> None:
+    """The graph's nodes with the replaced ones swapped in and the dead ones dropped, the float table (and dead
+    initializers) replaced by new_inits, stale shape info dropped and the contrib opset declared."""
+    graph = model.graph
     rebuilt = []
     dead_nodes = {id(n) for n in dead if isinstance(n, onnx.NodeProto)}
     for i, node in enumerate(graph.node):
@@ -285,8 +307,7 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
             rebuilt.append(node)
     del graph.node[:]
     graph.node.extend(rebuilt)
-
-    dead_inits = {initializer} | {t.name for t in dead if isinstance(t, onnx.TensorProto)}
+    dead_inits = removed | {t.name for t in dead if isinstance(t, onnx.TensorProto)}
     kept = [t for t in graph.initializer if t.name not in dead_inits]
     del graph.initializer[:]
     graph.initializer.extend(kept + new_inits)
@@ -295,13 +316,6 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
             graph.value_info.remove(vi)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-
-    layout = {"initializer_data": data_name, "initializer_scales": scales_name, "initializer_alias": alias,
-              "bits": bits,
-              "block_size": block_size, "shape": [v, h], "n_blocks": n_blocks,
-              "data_shape": [v, n_blocks, blob], "scale_dtype": scales.dtype.name,
-              "zero_point": _zero_point(bits), "packing": _packing(bits)}
-    return model, layout
 
 
 def drop_stale_data(model: onnx.ModelProto, path: Path) -> None:
@@ -340,8 +354,6 @@ def save_with_table_external(model: onnx.ModelProto, path, layout: dict, file: s
         f.write(raw_data)
         f.write(raw_scales)
     placed = [(data_t, 0, raw_data), (scales_t, len(raw_data), raw_scales)]
-    if layout.get("initializer_alias"):  # the uint4-typed view of the same packed bytes (gather_data="uint4")
-        placed.append((by_name[layout["initializer_alias"]], 0, raw_data))
     for t, offset, raw in placed:
         del t.external_data[:]
         for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
@@ -361,5 +373,4 @@ def save_with_table_external(model: onnx.ModelProto, path, layout: dict, file: s
             "scales": {"offset": len(raw_data), "length": len(raw_scales), "dtype": scales.dtype.name,
                        "shape": list(scales.shape)},
             "zero_point": layout["zero_point"], "packing": layout["packing"],
-            "initializer": layout["initializer_data"], "scales_initializer": layout["initializer_scales"],
-            "alias_initializer": layout.get("initializer_alias")}
+            "initializer": layout["initializer_data"], "scales_initializer": layout["initializer_scales"]}
