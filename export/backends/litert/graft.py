@@ -34,6 +34,10 @@ _ROWS_BYTES = 16 << 20  # rows read and encoded per step: each encoding holds a 
 
 # ---- conversion with the weights as inputs ----
 
+# litert-torch names every tensor after the module that computed it (`<__module__>.<qualname>;<n>`): a fixed scope,
+# not this file's import path, so the graphs' bytes do not depend on where the code lives
+TENSOR_NAME_SCOPE = "mtpkit.export.backends.litert_graft"
+
 class WeightInputs:
     """Converts modules with their weights as signature inputs, one input name per weight tensor.
 
@@ -73,6 +77,8 @@ class WeightInputs:
                 weights = {mine[k][0]: kwargs.pop(k) for k in list(kwargs) if k in mine}
                 return torch.func.functional_call(self.inner, weights, args=(), kwargs=kwargs, tie_weights=True,
                                                   strict=False)
+
+        WeightsAsInputs.__module__ = TENSOR_NAME_SCOPE
 
         samples = {k: torch.empty(shape, dtype=torch.float32) for k, (_, shape) in mine.items()}
         # export_hf makes its samples on the parameters' device, meta here; tracing wants them beside the weights
