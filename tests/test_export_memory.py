@@ -106,8 +106,11 @@ def _weights(scale: int = 1, stored_bf16: bool = False) -> preflight.Weights:
 
 def _plan(backend=("onnx",), quant="fp32", ple_quant="int8", check=True):
     """What phases() reads of an ExportConfig, without the extras a LiteRT ExportConfig requires."""
+    from mtpkit.export.recipes import recipe
+
     return SimpleNamespace(backend=backend, quant=quant, drafter_quant=quant, ple_quant=ple_quant, check=check,
-                           block_size=32)
+                           block_size=32, recipes={"target": recipe(quant), "drafter": recipe(quant)},
+                           quantized=recipe(quant).quantized)
 
 
 def test_int4_counts_its_calibration_moments_in_the_quantize_phase(tmp_path, tiny_checkpoints):

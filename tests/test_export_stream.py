@@ -172,7 +172,7 @@ def test_streamed_quantization_equals_onnxruntimes_quantizer(tmp_path, bits):
     onnx_stream.bind_lazy(model, weights)
     onnx_stream.fold_weight_transposes(model, weights)
     onnx_stream.save(model, tmp_path / "g.onnx", "table", "embeddings.bin")
-    expected = onnx_backend._quantized(onnx.load(str(tmp_path / "g.onnx")), f"int{bits}", 32, 4)
+    expected = onnx_backend.ort_matmul_nbits(onnx.load(str(tmp_path / "g.onnx")), bits, 32, 4)
     chosen = onnx_stream.quantize_matmuls(tmp_path / "g.onnx", bits, 32, 4, skip={"table"})
     assert chosen == {"w.T": f"int{bits}/b32", "v.T": f"int{bits}/b32"}
     got = onnx.load(str(tmp_path / "g.onnx"))

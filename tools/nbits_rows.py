@@ -22,15 +22,15 @@ def session(k: int, n: int, bits: int, block_size: int, threads: int, seed: int 
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from mtpkit.export.backends.onnx.quantization import _quantized
+    from mtpkit.export.backends.onnx.quantization import ort_matmul_nbits
 
     weight = (np.random.default_rng(seed).standard_normal((k, n)) * 0.02).astype(np.float32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "one_matmul",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(weight, "W")])
-    model = _quantized(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), f"int{bits}",
-                       block_size, accuracy_level=4)
+    model = ort_matmul_nbits(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), bits,
+                             block_size, accuracy_level=4)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -129,6 +129,18 @@ def _dynamic_int8(path: Path):
         return onnx.load(str(out))
 
 
+def ort_matmul_nbits(model, bits: int, block_size: int, accuracy_level: int):
+    """ONNX Runtime's own MatMulNBitsQuantizer on a loaded graph: the reference the streamed packing (stream.py)
+    writes the same bytes as (tests/test_export_stream.py), and tools/nbits_rows.py's kernel timings."""
+    with root_logging_kept():  # ORT's quantization modules call logging.basicConfig(INFO) when imported
+        from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level,
+                                          bits=bits, op_types_to_quantize=("MatMul",))
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    quantizer.process()
+    return quantizer.model.model
+
+
 def _fp16(model):
     """ONNX Runtime's float16 converter, the ops in _FP32_OPS kept in fp32."""
     with root_logging_kept():  # ORT's quantization modules call logging.basicConfig(INFO) when imported
