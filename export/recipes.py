@@ -23,7 +23,7 @@ class Recipe:
     bytes_per_weight: float = 4.0  # stored bytes per weight (the memory preflight); blockwise adds a scale per block
     blockwise: bool = False  # one float scale per --block-size weights along the input dimension
     onnx: str = "float"  # how ONNX quantizes it: float (no rewrite), streamed (tensor by tensor from the mapped
-    #                      float data, export/backends/onnx_stream.py), fp16 (ORT's converter), dynamic (ORT's
+    #                      float data, export/backends/onnx/stream.py), fp16 (ORT's converter), dynamic (ORT's
     #                      quantize_dynamic: int8 activations at run time)
     litert: str | None = None  # LiteRT's encoding of the weights: fp16, int8 or int4; None: the float graphs
     litert_as: str | None = None  # LiteRT stores it as this recipe (the same bytes), recorded under that name
