@@ -1,4 +1,4 @@
-"""Regression tests for defects found while reshaping the backends (issue 9); each failed before its fix."""
+"""Regression tests for defects found while reshaping the backends; each failed before its fix."""
 
 from __future__ import annotations
 

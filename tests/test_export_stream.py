@@ -1,5 +1,5 @@
 """The streaming ONNX export (export/backends/onnx/stream.py) and --dtype: graphs traced on fake fp32 weights,
-each weight converted only as it is written, the target held in the checkpoint's own dtype (issue 14)."""
+each weight converted only as it is written, the target held in the checkpoint's own dtype."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fused ONNX export (issue 11): the fused_ops patch equals transformers in PyTorch and undoes itself, and each
+"""Fused ONNX export: the fused_ops patch equals transformers in PyTorch and undoes itself, and each
 graph rewrite of export/backends/onnx/fusions.py keeps a graph's values in ONNX Runtime."""
 
 from __future__ import annotations

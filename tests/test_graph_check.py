@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from conftest import LITERT_VARIANTS  # noqa: E402
 from mtpkit.export import pipeline  # noqa: E402
 from mtpkit.export.checkpoint import resolve  # noqa: E402
+from mtpkit.export.phases import PhaseLog  # noqa: E402
 from mtpkit.export.reference import load_pair  # noqa: E402
 from mtpkit.export.verify import GraphParityError  # noqa: E402
 from mtpkit.runtime.manifest import load_manifest, sha256_file  # noqa: E402
@@ -64,8 +65,8 @@ def test_a_wrong_litert_graph_fails_the_check(tmp_path, litert_exports, tiny_che
     (folder / "manifest.json").write_text(json.dumps(manifest))
     target_dir, drafter_dir = tiny_checkpoints(NAME)
     target, drafter = load_pair(resolve(str(target_dir), "target"), resolve(str(drafter_dir), "drafter"))
-    job = types.SimpleNamespace(target=target, drafter=drafter)
+    job = types.SimpleNamespace(target=target, drafter=drafter, folder=folder)
     with pytest.raises(GraphParityError, match=r"litert (prefill|verify|decode)"):
-        pipeline._check_graphs(load_manifest(folder), job, folder)
+        pipeline._check(load_manifest(folder), job, PhaseLog(total=1))
     failed = [c for c in json.loads((folder / "graph_parity.json").read_text()) if not c["ok"]]
     assert failed and {c["backend"] for c in failed} == {"litert"}

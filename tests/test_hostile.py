@@ -1,4 +1,4 @@
-"""Hostile inputs (first part of issue 13): a manifest cannot make the runtime read outside its folder, its graph
+"""Hostile inputs: a manifest cannot make the runtime read outside its folder, its graph
 signatures are checked against the graphs before any call, and chat templates render sandboxed, as transformers
 renders them."""
 

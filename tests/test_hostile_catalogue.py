@@ -270,7 +270,9 @@ def _litert_file(c: Ctx, name: str):
     (folder / name).write_bytes(bytes(range(256)) * 64)
     m = json.loads((folder / "manifest.json").read_text())
     m["backends"]["litert"] = {
-        "kind": "litert", "kv_io": "state", "options": {},
+        "kind": "litert", "kv_io": "state",
+        "options": {"max_draft": 3, "mask": {"hidden": -1e9}, "prefill": [{"num_tokens": 8, "signature": "decode"}],
+                    "bundle": {"file": name}},
         "graphs": {"target": {"file": name, "sha256": _sha(folder / name), "bytes": 16384, "backend": "litert"}},
         "signatures": {"decode": {"graph": "target", "inputs": [], "outputs": []}}}
     (folder / "manifest.json").write_text(json.dumps(m))

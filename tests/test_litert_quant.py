@@ -1,4 +1,4 @@
-"""Quantized LiteRT graphs (issue 10): fp16 / int8 / int4 derived from ONE float LiteRT export by
+"""Quantized LiteRT graphs: fp16 / int8 / int4 derived from ONE float LiteRT export by
 export.backends.litert.quantize, run by the mtpkit runtime (plain and speculative) and, for int8 / int4, by the
 LiteRT-LM runtime from the rebuilt .litertlm with speculative decoding on."""
 

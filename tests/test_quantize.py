@@ -131,7 +131,7 @@ def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_expo
 def test_litert_takes_int8_dynamic_as_its_int8(tmp_path, monkeypatch):
     """LiteRT's int8 (dynamic range) quantizes activations at run time already: its int8 runs."""
     from mtpkit.export.backends.litert import quantization as litert_quant
-    from mtpkit.runtime.manifest import Backend, GraphFile
+    from mtpkit.runtime.manifest import Backend, GraphFile, LiteRtOptions
 
     class Quantized(Exception):
         pass
@@ -140,7 +140,9 @@ def test_litert_takes_int8_dynamic_as_its_int8(tmp_path, monkeypatch):
         raise Quantized(name, recipe.name)
 
     monkeypatch.setattr(litert_quant, "_quantize_tflite", quantize_tflite)
-    backend = Backend("litert", "state", {"target": GraphFile("target.tflite", "0", 1, "litert")}, {})
+    options = LiteRtOptions(max_draft=3, mask={"hidden": -1e9}, prefill=[{"num_tokens": 8, "signature": "prefill_8"}],
+                            bundle={"file": "model.litertlm"})
+    backend = Backend("litert", "state", {"target": GraphFile("target.tflite", "0", 1, "litert")}, {}, options)
     with pytest.raises(Quantized) as seen:
         dynamic = recipe_named("int8-dynamic")
         litert_quant.quantize(tmp_path, backend, {"target": dynamic, "drafter": dynamic})
@@ -158,22 +160,16 @@ def test_fp16_embedding_is_read_by_the_host_from_the_same_bytes(tiny_exports, tm
 
 
 def test_a_broken_recipe_fails_the_gate_in_one_line(tiny_checkpoints, tmp_path, monkeypatch, capsys):
-    from onnx import numpy_helper
-
     from mtpkit import cli
-    from mtpkit.export.backends.onnx import quantization as onnx_backend
+    from mtpkit.export import int4
 
-    real = onnx_backend._quantized
+    real = int4.encode
 
-    def broken(model, recipe, block_size, accuracy_level):  # int4 with every block scale negated and tripled
-        model = real(model, recipe, block_size, accuracy_level)
-        scales = {n.input[2] for n in model.graph.node if n.op_type == "MatMulNBits"}
-        for t in model.graph.initializer:
-            if t.name in scales:
-                t.CopyFrom(numpy_helper.from_array(-3 * numpy_helper.to_array(t), t.name))
-        return model
+    def broken(*args, **kwargs):  # int4 with every block scale negated and tripled
+        codes, scales = real(*args, **kwargs)
+        return codes, -3 * scales
 
-    monkeypatch.setattr(onnx_backend, "_quantized", broken)
+    monkeypatch.setattr(int4, "encode", broken)
     target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
     out = tmp_path / "broken"
     code = cli.main(["-q", "export", str(target), "--drafter", str(drafter), "--out", str(out), "--quant", "int4",
@@ -231,7 +227,8 @@ def test_int8_dynamic_is_accepted_and_its_memory_estimated():
     assert (cfg.quant, cfg.drafter_quant) == ("int8-dynamic", "int8-dynamic")
     w = preflight.Weights(target=10**8, drafter=10**6, ple=4 * 10**7, converted=0)
     plans = {q: SimpleNamespace(backend=("onnx",), quant=q, drafter_quant=q, ple_quant="int8", check=True,
-                                block_size=32) for q in ("int8", "int8-dynamic")}
+                                block_size=32, recipes={"target": recipe_named(q), "drafter": recipe_named(q)},
+                                quantized=True) for q in ("int8", "int8-dynamic")}
     quantize = {q: preflight.phases(plan, w)["quantize"] for q, plan in plans.items()}
     assert quantize["int8-dynamic"] > quantize["int8"]  # quantize_dynamic reads its own copy of the float graph
 
