@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from mtpkit.errors import ManifestError
 

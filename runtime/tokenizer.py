@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NoReturn
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from mtpkit.errors import UsageError
 
