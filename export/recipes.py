@@ -18,6 +18,9 @@ class Recipe:
     search_scales: bool = False  # int4: each block's scale searched on a grid (export/int4.py), else round-to-nearest
     calibrated: bool = False  # the target's scales searched on calibration activations, with error compensation
     table_bits: int | None = None  # the tied embedding / lm_head table (ONNX: quantized once; int4's plan may raise it)
+    # the drafter's centroid-head table (read by a lookup, no MatMul): 4 under every int recipe, the target verifies
+    # what it proposes, and at 8 bits it alone would be 67 MB at E2B / E4B; None: float32 (fp16: float16)
+    draft_table_bits: int | None = None
     gate: float | None = None  # least teacher-forced top-1 agreement with the float model (export/fidelity.py)
     wider: str | None = None  # the next more faithful recipe, named when the gate fails
     bytes_per_weight: float = 4.0  # stored bytes per weight (the memory preflight); blockwise adds a scale per block
@@ -45,18 +48,18 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("fp32", offered=True, gguf=("F32",)),
     Recipe("fp16", float_bits=16, gate=0.99, wider="fp32", bytes_per_weight=2, onnx="fp16", litert="fp16",
            offered=True, gguf=("F16",)),
-    Recipe("int8", bits=8, table_bits=8, gate=0.95, wider="fp16", bytes_per_weight=1, blockwise=True,
-           onnx="streamed", litert="int8", offered=True, gguf=("Q8_0",)),
-    Recipe("int4", bits=4, search_scales=True, calibrated=True, table_bits=4, gate=0.85, wider="int8",
-           bytes_per_weight=0.5, blockwise=True, onnx="streamed", litert="int4", offered=True,
+    Recipe("int8", bits=8, table_bits=8, draft_table_bits=4, gate=0.95, wider="fp16", bytes_per_weight=1,
+           blockwise=True, onnx="streamed", litert="int8", offered=True, gguf=("Q8_0",)),
+    Recipe("int4", bits=4, search_scales=True, calibrated=True, table_bits=4, draft_table_bits=4, gate=0.85,
+           wider="int8", bytes_per_weight=0.5, blockwise=True, onnx="streamed", litert="int4", offered=True,
            gguf=("Q4_0", "Q4_K_M")),
-    Recipe("int4-rtn", bits=4, table_bits=4, gate=0.85, wider="int4", bytes_per_weight=0.5, blockwise=True,
-           onnx="streamed", litert="int4", gguf=("Q4_0", "Q4_K_M")),
+    Recipe("int4-rtn", bits=4, table_bits=4, draft_table_bits=4, gate=0.85, wider="int4", bytes_per_weight=0.5,
+           blockwise=True, onnx="streamed", litert="int4", gguf=("Q4_0", "Q4_K_M")),
     # LiteRT's int8 (dynamic_wi8_afp32) already quantizes activations at run time: the same bytes as int8 there.
     # Wider: int8, whose 32-wide blocks are finer than one activation scale per call (trained tiny pair: top-1
     # 1.000 against 0.984, docs/scale-bench.md)
-    Recipe("int8-dynamic", bits=8, table_bits=8, gate=0.95, wider="int8", bytes_per_weight=1, onnx="dynamic",
-           litert="int8", litert_as="int8", gguf=("Q8_0",)),
+    Recipe("int8-dynamic", bits=8, table_bits=8, draft_table_bits=4, gate=0.95, wider="int8", bytes_per_weight=1,
+           onnx="dynamic", litert="int8", litert_as="int8", gguf=("Q8_0",)),
 )}
 FP32 = RECIPES["fp32"]
 KEPT_8BIT = RECIPES["int8"]  # what a graph whose weights all kept 8 bits under a 4-bit recipe is recorded as

@@ -117,7 +117,8 @@ def selected_logits(head: nn.Module, hidden, lm_head_weight):
     _, top = torch.topk(centroid_logits, k=head.centroid_intermediate_top_k, dim=-1)
     per_cluster = head.token_ordering.long().view(head.num_centroids, head.vocab_size_per_centroid)
     ids = per_cluster[top].reshape(-1)  # [top_k * V/C] canonical token ids
-    rows = lm_head_weight[ids]  # [N, D]
+    # a lookup, not indexing: LiteRT lowers it to EMBEDDING_LOOKUP (whose table it quantizes), ONNX to Gather
+    rows = torch.nn.functional.embedding(ids, lm_head_weight)  # [N, D]
     return (hidden.reshape(1, -1) @ rows.t()).reshape(1, 1, -1), ids.view(1, 1, -1)
 
 

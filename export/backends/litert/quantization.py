@@ -90,7 +90,8 @@ def _graph_file(folder: Path, name: str) -> GraphFile:
 def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple_bits: int = 8,
                      plan=None) -> tuple[str, dict]:
     """Re-graft one float .tflite in place with its weights encoded by `recipe`, read from its own memory map a
-    block of rows at a time (graft.py); returns (the recipe it now carries, encodings by count)."""
+    block of rows at a time (graft.py); returns (the recipe it now carries, encodings by count, and by name for
+    the lookup tables and, under an int4 plan, every weight)."""
     from ai_edge_litert import schema_py_generated as schema
 
     from .graft import graft, read_map
@@ -99,20 +100,30 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
     if recipe.int4 and name == "per_layer_embedder" and ple_bits == 8:
         recipe = KEPT_8BIT  # the PLE table keeps 8 bits (see quantize's docstring)
     model = schema.ModelT.InitFromPackedBuf(read_map(path), 0)  # the flatbuffer only: weights follow it
-    done = graft(path, path, GraftedSource(path, model), encoding_for(recipe, name, block_size, ple_bits, plan))
+    choose, tables = encoding_for(recipe, name, block_size, ple_bits, plan), []
+
+    def noted(weight: str, shape: tuple, uses: set):  # the lookup tables, named in the manifest with their storage
+        if uses == {LOOKUP}:
+            tables.append(weight)
+        return choose(weight, shape, uses)
+
+    done = graft(path, path, GraftedSource(path, model), noted)
     counts: dict[str, int] = {}
     for encoding in done.values():
         counts[encoding] = counts.get(encoding, 0) + 1
     if recipe.int4 and not any(e.startswith("int4") for e in counts):
         recipe = KEPT_8BIT  # every weight kept 8 bits (the embedder's table under int4): recorded as what it is
     how = {"weights": dict(sorted(counts.items())), "block_size": block_size}
+    if tables:
+        how["tables"] = {k.removeprefix("w:"): done[k] for k in sorted(tables)}
     if plan is not None and recipe.int4:
         how.update(tensors={k.removeprefix("w:"): v for k, v in sorted(done.items())},
                    calibration=dict(plan.calibration) or None)
     return recipe.name, how
 
 
-WEIGHT_OPS = {("FULLY_CONNECTED", 1), ("EMBEDDING_LOOKUP", 1)}  # (op, input) pairs that read a weight
+LOOKUP = ("EMBEDDING_LOOKUP", 1)  # a table's use: (op, input) of the ids' rows
+WEIGHT_OPS = {("FULLY_CONNECTED", 1), LOOKUP}  # (op, input) pairs that read a weight
 
 
 def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, plan=None):
@@ -120,8 +131,9 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
     quantized (dynamic range: int8 channelwise, int4 blockwise with float16 scales, or float16 through a
     DEQUANTIZE); norms, scalars and the rest stay float32. int4 keeps the per-layer-embedding path at 8 bits
     (the target's per_layer projections; as LiteRT-LM's gemma4_mixed48) unless ple_bits is 4, and a weight whose
-    width no block of 128/64/32 (up to block_size) divides gets int8 channelwise. `plan` (int4 / int4-rtn):
-    the weights it keeps at 8 bits, and each weight's calibration importance for the scale search."""
+    width no block of 128/64/32 (up to block_size) divides gets int8 channelwise. The drafter's lookup table (its
+    centroid head's) takes the recipe's draft_table_bits (None: float32). `plan` (int4 / int4-rtn): the weights it
+    keeps at 8 bits, and each weight's calibration importance for the scale search."""
     from .graft import Encoding, int4_block
 
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
@@ -129,10 +141,15 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
             return Encoding("float32")
         if recipe.litert == "fp16":
             return Encoding("float16")
-        if recipe.litert == "int8" or (graph == "target" and "per_layer" in name and ple_bits == 8):
-            return Encoding("int8")
+        bits = 8 if recipe.litert == "int8" else 4
+        if graph == "drafter" and uses == {LOOKUP}:  # the centroid head's table: bits of its own
+            if not recipe.draft_table_bits:
+                return Encoding("float32")
+            bits = recipe.draft_table_bits
+        if graph == "target" and "per_layer" in name and ple_bits == 8 or plan is not None and plan.bits(name) == 8:
+            bits = 8
         block = int4_block(shape[1], block_size)
-        if not block or (plan is not None and plan.bits(name) == 8):
+        if bits == 8 or not block:
             return Encoding("int8")
         searched = plan is not None and plan.searched
         return Encoding("int4", block, searched=searched, importance=plan.importance_of(name) if searched else None)
