@@ -1,5 +1,6 @@
 """ONNX quantization: the float graphs rewritten in place under a recipe per graph, the tied embedding table
-quantized once and kept shared with the host's lookup."""
+quantized once and kept shared with the host's lookup, the lookup tables (PLE, the drafter's centroid head) as
+GatherBlockQuantized."""
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
     weight-only int8 / int4 MatMulNBits, int8-dynamic (ORT's quantize_dynamic), or fp16 with the norms kept in
     fp32. The tied embedding / lm_head table is quantized once at the recipe's table_bits (MatMulNBits +
     GatherBlockQuantized over the same bytes, see embedding.py) and stays stored once in embeddings.bin, where the
-    host's drafter lookup reads it too. Derived from a float export, so one export serves every recipe. `plans` ("target" /
-    "drafter" -> export/int4.Int4Plan, int4 recipes): the weights kept at 8 bits and the scale search's importance;
-    the choice per weight is recorded in options.quantization."""
+    host's drafter lookup reads it too; the drafter's centroid-head table (a Gather's) becomes GatherBlockQuantized
+    at the recipe's draft_table_bits. Derived from a float export, so one export serves every recipe. `plans`
+    ("target" / "drafter" -> export/int4.Int4Plan, int4 recipes): the weights kept at 8 bits and the scale search's
+    importance; the choice per weight is recorded in options.quantization."""
     import onnx
 
     graphs, options = dict(backend.graphs), backend.options
@@ -50,18 +52,14 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
         model, tensors = _weights_quantized(path, recipe, block_size, accuracy_level, skip=shared_name, plan=plan)
         streamed = recipe.onnx == "streamed"  # its weights stay in <graph>.onnx.data: tables go there too
         tables = dict(base_dir=str(folder), data_file=path.name + ".data" if streamed else None)
-        layout = None
-        if shared_name and recipe.table_bits:  # the tied table quantized once: lm_head, lookup and host
-            bits = plan.bits(shared_name) if plan else recipe.table_bits
-            model, layout = quantize_shared_table(model, shared_name, bits=bits, block_size=block_size,
-                                                  accuracy_level=accuracy_level, **tables)
-            tensors[shared_name] = f"int{bits}/b{block_size}"
-        if shared_name and recipe.bits is not None:  # the int recipes
-            for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
-                model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
-                                                 accuracy_level=accuracy_level, **tables)
-                lookup[table] = f"int{ple_bits}"
-        if layout or lookup:  # GatherBlockQuantized's `bits` attribute (embedding.py)
+        model, layout, ple, drafted = _quantize_tables(model, name, recipe, shared_name, plan, ple_bits,
+                                                       block_size=block_size, accuracy_level=accuracy_level,
+                                                       **tables)
+        if layout:
+            tensors[shared_name] = f"int{layout['bits']}/b{block_size}"
+        tensors.update(drafted)
+        lookup.update(ple)
+        if layout or lookup or drafted:  # GatherBlockQuantized's `bits` attribute (embedding.py)
             oldest = max(oldest or "0", "1.21", key=release)
         if layout:
             shared = save_with_table_external(model, path, layout, file=EMBEDDINGS_FILE)
@@ -75,13 +73,36 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
         if streamed:
             stream.compact(path)  # drop the float tables' bytes the quantized ones replaced
         graphs[name] = dataclasses.replace(graph_file(folder, path), recipe=recipe.name)
+        if plan is not None or drafted:
+            detail[name] = {"recipe": recipe.name, **({"tables": drafted} if drafted else {})}
         if plan is not None:
-            detail[name] = {"recipe": recipe.name, "tensors": dict(sorted(tensors.items())),
-                            "calibration": dict(plan.calibration) or None}
+            detail[name].update(tensors=dict(sorted(tensors.items())), calibration=dict(plan.calibration) or None)
     nodes = {name: node_count(folder / g.file) for name, g in graphs.items()}
     options = dataclasses.replace(options, embedding=embedding, nodes=nodes, min_onnxruntime=oldest,
                                   lookup_tables=lookup or None, quantization=detail or None)
     return dataclasses.replace(backend, graphs=graphs, options=options)
+
+
+def _quantize_tables(model, graph: str, recipe: Recipe, shared_name: str | None, plan, ple_bits: int,
+                     **how) -> tuple:
+    """The graph's float tables, each quantized by embedding.py (`how`: its block_size, accuracy_level and where
+    large tables go): the target's tied table at table_bits (int4's plan may raise it), its per-layer-embedding
+    table at ple_bits under the int recipes, the drafter's lookup table (a centroid head's) at draft_table_bits.
+    Returns (model, the tied table's layout or None, PLE table -> storage, drafter table -> storage)."""
+    layout, ple, drafted = None, {}, {}
+    if shared_name and recipe.table_bits:  # the tied table quantized once: lm_head, lookup and host
+        bits = plan.bits(shared_name) if plan else recipe.table_bits
+        model, layout = quantize_shared_table(model, shared_name, bits=bits, **how)
+    if shared_name and recipe.bits is not None:  # the int recipes
+        for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
+            model, _ = quantize_shared_table(model, table, bits=ple_bits, **how)
+            ple[table] = f"int{ple_bits}"
+    if graph == "drafter" and recipe.draft_table_bits:  # read by a Gather only: no MatMul quantizer reaches it
+        for table in _lookup_tables(model):
+            bits = 8 if plan is not None and plan.bits(table) == 8 else recipe.draft_table_bits
+            model, _ = quantize_shared_table(model, table, bits=bits, **how)
+            drafted[table] = f"int{bits}/b{how['block_size']}"
+    return model, layout, ple, drafted
 
 
 # fp16 keeps these in fp32: x^2 in Gemma's RMSNorm overflows fp16 once |x| > 256, and the soft-cap / softmax
@@ -149,10 +170,11 @@ def _fp16(model):
     return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block)
 
 
-def _lookup_tables(model, exclude: str) -> list[str]:
-    """2-D float initializers read only by Gather (the per-layer-embedding table), other than `exclude`.
+def _lookup_tables(model, exclude: str | None = None) -> list[str]:
+    """2-D float initializers read only by Gather (the per-layer-embedding table, the drafter's centroid-head
+    table), other than `exclude`.
 
-    A 4-bit PLE table produced garbage in other Gemma 4 toolchains, so these keep 8 bits under every int recipe.
+    A 4-bit PLE table produced garbage in other Gemma 4 toolchains, so that one keeps 8 bits unless asked for 4.
     """
     import onnx
 
