@@ -79,6 +79,50 @@ def test_graphs_carry_the_recipe_and_shrink(quantized, float_export):
     assert {t.dtype for t in lite.signatures["decode"].inputs if t.role.startswith("kv_")} == {"float32"}
 
 
+def test_the_drafters_centroid_table_is_4_bit_under_the_int_recipes(quantized, float_export, tmp_path):
+    """The centroid head reads its table through EMBEDDING_LOOKUP, which the graft quantizes: INT4 blockwise under
+    the int recipes (each one's draft_table_bits), float16 under fp16, named in the manifest. The drafter is smaller
+    than the same recipe with that table float32 by 7/8 of the table, less its float16 scales."""
+    import dataclasses
+    import shutil
+
+    from ai_edge_litert import schema_py_generated as schema
+
+    from mtpkit.export.backends.litert import graft, sources
+    from mtpkit.export.recipes import recipe as recipe_named
+
+    recipe, folder, manifest = quantized
+    lite, file = manifest.backend("litert"), load_manifest(float_export).backend("litert").graphs["drafter"].file
+    model = schema.ModelT.InitFromPackedBuf(graft.read_map(float_export / file), 0)
+    uses = graft.weight_uses(model, graft.find_weights(model))
+    tables = [name for name, used in uses.items() if used == {litert_quant.LOOKUP}]
+    if not tables:  # a dense head: its lm_head is a FULLY_CONNECTED weight like the others
+        assert "tables" not in lite.options.quantization["drafter"]
+        return
+    table, = tables
+    bits = recipe_named(recipe).draft_table_bits
+    data = (folder / lite.graphs["drafter"].file).read_bytes()
+    quantized_model = schema.ModelT.InitFromPackedBuf(data, 0)
+    tensor = next(t for t in quantized_model.subgraphs[0].tensors if t.name.decode() == graft.WEIGHT + table)
+    rows, width = (int(x) for x in tensor.shape)
+    if bits is None:
+        assert tensor.type == schema.TensorType.FLOAT16
+        assert lite.options.quantization["drafter"]["tables"] == {table: "float16"}
+        return
+    assert bits == 4 and tensor.type == schema.TensorType.INT4 and tensor.quantization.details.blockSize == 32
+    assert quantized_model.buffers[tensor.buffer].size == rows * width // 2
+    assert lite.options.quantization["drafter"]["tables"] == {table: "int4/b32"}
+    kept = tmp_path / "kept.tflite"  # the same recipe, the table alone float32
+    shutil.copy(float_export / file, kept)
+    float_table = dataclasses.replace(recipe_named(recipe), draft_table_bits=None)
+    graft.graft(kept, kept, sources.GraftedSource(kept, schema.ModelT.InitFromPackedBuf(graft.read_map(kept), 0)),
+                litert_quant.encoding_for(float_table, "drafter", 32, 8))
+    saved = kept.stat().st_size - len(data)
+    expected = 4 * rows * width * 7 // 8 - 2 * rows * width // 32  # 4-bit codes, a float16 scale per 32
+    # the rest: alignment, and the scales' tensor entry in each signature's subgraph
+    assert abs(saved - expected) < 256 * len(quantized_model.subgraphs), (saved, expected)
+
+
 def test_bundle_sections_are_the_quantized_files(quantized):
     from ai_edge_quantizer.utils import litertlm_utils
 

@@ -23,14 +23,16 @@ def ops_float(src) -> collections.Counter:
     return collections.Counter(n.op_type for n in onnx.load(str(src / "target.onnx"), load_external_data=False).graph.node)
 
 
-def _quantized_copy(src, dst, recipe: str):
+def _quantized_copy(src, dst, recipe):
+    """A copy of the float export src with its ONNX graphs quantized by `recipe` (a name, or a Recipe)."""
     from mtpkit.export import quant_report
     from mtpkit.export.backends import onnx as onnx_backend
     from mtpkit.runtime.manifest import load_manifest
 
     shutil.copytree(src, dst)
     manifest = load_manifest(dst)
-    recipes = {"target": recipe_named(recipe), "drafter": recipe_named(recipe)}
+    recipe = recipe_named(recipe) if isinstance(recipe, str) else recipe
+    recipes = {"target": recipe, "drafter": recipe}
     plans = quant_report._plans(recipes, dst, manifest, None, 8)  # int4's calibration, as the exporter's
     backend = onnx_backend.quantize(dst, manifest.backend("onnx"), recipes, plans=plans)
     dataclasses.replace(manifest, backends={**manifest.backends, "onnx": backend}).save(dst)
@@ -113,7 +115,7 @@ def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_expo
         assert not [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]  # none left float
         ops = collections.Counter(n.op_type for n in graph.node)
         assert ops["MatMulInteger"] > 0 and ops["DynamicQuantizeLinear"] > 0
-    assert (ops["MatMulNBits"], ops["GatherBlockQuantized"]) == (0, 0)  # the drafter has no tied table
+    assert (ops["MatMulNBits"], ops["GatherBlockQuantized"]) == (0, 1)  # no tied table; the centroid head's table
     target_ops = collections.Counter(n.op_type for n in onnx.load(str(manifest.path("target.onnx")),
                                                                     load_external_data=False).graph.node)
     assert (target_ops["MatMulNBits"], target_ops["GatherBlockQuantized"]) == (1, 2)  # lm_head; token + PLE lookups
@@ -126,6 +128,38 @@ def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_expo
     missed = {"target_recipe": "int8-dynamic", "teacher_forced": {"top1_agreement": 0.9, "positions": 10}}
     message, = fidelity._gate_failure("onnx", missed)
     assert "below the int8-dynamic gate 0.95" in message and "--quant int8)" in message
+
+
+@pytest.mark.parametrize("recipe", ["int8", "int4", "int4-rtn", "int8-dynamic"])
+def test_the_drafters_centroid_table_is_4_bit_under_every_int_recipe(tiny_exports, tmp_path, recipe):
+    """The centroid head's table is read by a Gather alone, which no MatMul quantizer reaches: it becomes
+    GatherBlockQuantized at the recipe's draft_table_bits (4), named in the manifest, and the drafter is smaller
+    than under the same recipe with that table float32 by 7/8 of it, less its scales."""
+    import onnx
+
+    src = tiny_exports("e2b_gemma4_centroid")
+    manifest = _quantized_copy(src, tmp_path / recipe, recipe)
+    onnx_backend = manifest.backend("onnx")
+    graph = onnx.load(str(manifest.path("drafter.onnx")), load_external_data=False).graph
+    lookup, = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in lookup.attribute} == dict(
+        gather_axis=0, quantize_axis=1, block_size=32, bits=4)
+    assert not [n for n in graph.node if n.op_type in ("Gather", "GatherND")
+                and n.input[0] in {t.name for t in graph.initializer}]  # no float table left behind
+    reshape = next(n for n in graph.node if lookup.input[0] in n.output)
+    initializers = {t.name: t for t in graph.initializer}
+    codes, scales = initializers[reshape.input[0]], initializers[lookup.input[2]]
+    rows, blocks, blob = codes.dims
+    assert codes.data_type == onnx.TensorProto.UINT8 and blob == 32 * 4 // 8 and list(scales.dims) == [rows, blocks]
+    assert scales.data_type == onnx.TensorProto.FLOAT  # the float table's own dtype
+    tables = onnx_backend.options.quantization["drafter"]["tables"]
+    assert list(tables.values()) == ["int4/b32"] and onnx_backend.options.min_onnxruntime == "1.21"
+    kept = _quantized_copy(src, tmp_path / "kept", dataclasses.replace(recipe_named(recipe), draft_table_bits=None))
+    assert "tables" not in (kept.backend("onnx").options.quantization or {}).get("drafter", {})
+    saved = kept.backend("onnx").graphs["drafter"].bytes - onnx_backend.graphs["drafter"].bytes
+    width = blocks * 32  # the tiny drafter's hidden size is a multiple of the block
+    expected = 4 * rows * width * 7 // 8 - 4 * rows * blocks  # 4-bit codes, a float32 scale per block of 32
+    assert abs(saved - expected) < 4096 + 1024, (saved, expected)  # the external data's alignment, the new nodes
 
 
 def test_litert_takes_int8_dynamic_as_its_int8(tmp_path, monkeypatch):
