@@ -94,7 +94,7 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
     the lookup tables and, under an int4 plan, every weight)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from .graft import graft, read_map
+    from .graft import Encoding, graft, read_map
     from .sources import GraftedSource
 
     if recipe.int4 and name == "per_layer_embedder" and ple_bits == 8:
@@ -102,7 +102,7 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
     model = schema.ModelT.InitFromPackedBuf(read_map(path), 0)  # the flatbuffer only: weights follow it
     choose, tables = encoding_for(recipe, name, block_size, ple_bits, plan), []
 
-    def noted(weight: str, shape: tuple, uses: set):  # the lookup tables, named in the manifest with their storage
+    def noted(weight: str, shape: tuple, uses: set) -> Encoding:  # the lookup tables, named in the manifest with their storage
         if uses == {LOOKUP}:
             tables.append(weight)
         return choose(weight, shape, uses)

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from ...scoped import logger_level, root_logging_kept
 from . import stream
 from .embedding import drop_stale_data, quantize_shared_table, save_with_table_external
 from .graphs import EMBEDDINGS_FILE, graph_file, node_count
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 _TWO_GB = 2**31 - 2**26  # protobuf's hard limit, with headroom for the graph itself
@@ -83,8 +87,8 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
     return dataclasses.replace(backend, graphs=graphs, options=options)
 
 
-def _quantize_tables(model, graph: str, recipe: Recipe, shared_name: str | None, plan, ple_bits: int,
-                     **how) -> tuple:
+def _quantize_tables(model: onnx.ModelProto, graph: str, recipe: Recipe, shared_name: str | None,
+                     plan: int4.Int4Plan | None, ple_bits: int, **how: Any) -> tuple:
     """The graph's float tables, each quantized by embedding.py (`how`: its block_size, accuracy_level and where
     large tables go): the target's tied table at table_bits (int4's plan may raise it), its per-layer-embedding
     table at ple_bits under the int recipes, the drafter's lookup table (a centroid head's) at draft_table_bits.
