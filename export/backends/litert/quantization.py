@@ -47,6 +47,8 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
         projections): a 4-bit PLE table is where Gemma 4 broke elsewhere. per_layer_embedder is recorded as int8.
         ple_bits=4 (`--ple-quant int4`, only when asked) gives the PLE path 4 bits too.
     int8-dynamic: int8 (its `litert_as`), so stored as int8 in the graphs, the bundle and its section recipes.
+    Under every int recipe the drafter's centroid-head table (its EMBEDDING_LOOKUP's) is int4 blockwise: the
+    recipe's draft_table_bits.
     accuracy_level is ONNX Runtime's (MatMulNBits) and has no LiteRT counterpart; it is accepted and ignored.
     """
     folder = Path(folder)
