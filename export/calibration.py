@@ -161,7 +161,8 @@ def plans(recipes: dict[str, Recipe], target, adapters: dict, encode, bos_id: in
             importance_of = without_thin_moments(
                 importance(target, prompts, adapters[side].INT4_COMPENSATE), record["tokens"])
         mine = side == "target"
-        keep = adapters[side].INT4_KEEP_8BIT + (adapters[side].INT4_PLE_PATH if ple_bits == 8 else ())
+        keep = (adapters[side].INT4_KEEP_8BIT if recipe.keeps_sensitive else ()) + \
+            (adapters[side].INT4_PLE_PATH if ple_bits == 8 else ())
         out[side] = int4.plan(recipe, keep, importance_of if mine else None, record if mine else None)
     return out
 

@@ -48,13 +48,14 @@ class ExportConfig:
                                            "that is smaller)", type=int)
     quant: str = flag("fp32", "target weights: fp32, fp16, int8 or int4 (weight-only, blockwise; int4 picks its "
                               "scales on calibration text and keeps the sensitive tensors at 8 bits, int4-rtn is "
-                              "plain round-to-nearest), or int8-dynamic (per-channel int8 weights, int8 activations "
-                              "at run time); quantized graphs are measured against the float model and gated (see "
-                              "quant_fidelity.json)", choices=recipes.names)
+                              "plain round-to-nearest), int8-dynamic (per-channel int8 weights, int8 activations "
+                              "at run time), or mobile (size-first: every weight and table 4-bit, one scale per "
+                              "channel: the smallest bundle); quantized graphs are measured against the float model "
+                              "and gated (see quant_fidelity.json)", choices=recipes.names)
     drafter_quant: str | None = flag(None, "drafter weights (default: --quant)", choices=recipes.names)
-    ple_quant: str = flag("int8", "per-layer-embedding table under --quant int8/int4/int8-dynamic: int8, or int4 "
-                                  "(half the bytes of the largest table; quant_fidelity.json shows what it costs)",
-                          choices=PLE_RECIPES)
+    ple_quant: str | None = flag(None, "per-layer-embedding table under the int recipes: int8, or int4 (half the "
+                                       "bytes of the largest table; quant_fidelity.json shows what it costs) "
+                                       "(default: int4 under --quant mobile, else int8)", choices=PLE_RECIPES)
     block_size: int = flag(32, "int8/int4 block along the input dimension", type=int, choices=BLOCK_SIZES)
     fuse: bool = flag(True, "ONNX graphs of standard ops only, for runtimes older than ONNX Runtime 1.20 (slower per "
                             "decode call: docs/performance.md, section 0)")
@@ -169,6 +170,8 @@ class ExportConfig:
             if recipe not in recipes.RECIPES:
                 raise UsageError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, recipes.names())}; "
                                  f"choose from {', '.join(recipes.names())}")
+        if self.ple_quant is None:
+            object.__setattr__(self, "ple_quant", recipes.ple_default(recipes.recipe(self.quant)))
         if self.ple_quant not in PLE_RECIPES:
             raise UsageError(f"unknown --ple-quant recipe {self.ple_quant!r}{_did_you_mean(self.ple_quant, PLE_RECIPES)}"
                              f"; choose from {', '.join(PLE_RECIPES)}")

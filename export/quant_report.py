@@ -104,9 +104,10 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
 
 
 def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], block_size: int,
-                     ple_bits: int = 8, checkpoints: tuple[str, str] | None = None) -> Path:
+                     ple_bits: int | None = None, checkpoints: tuple[str, str] | None = None) -> Path:
     """A copy of the float export with the pair's recipes applied to every backend in it (the float export
-    itself for fp32-fp32); ple_bits=4 gives the per-layer-embedding table 4 bits too (`--ple-quant int4`).
+    itself for fp32-fp32); ple_bits: the per-layer-embedding table's bits (`--ple-quant`; None: the target
+    recipe's own, 4 under mobile, else 8).
     checkpoints (target, drafter; default: the folders the float export was read from) give the int4 recipes
     their model adapters and int4 its calibration of the target on the built-in set, as `mtpkit export` does."""
     from mtpkit.runtime.manifest import load_manifest
@@ -116,7 +117,8 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
     recipes = {"target": recipe(pair[0]), "drafter": recipe(pair[1])}
     if not any(r.quantized for r in recipes.values()):
         return float_dir
-    folder = exports / ("-".join(pair) + ("-ple4" if ple_bits == 4 else ""))
+    ple_bits = recipes["target"].ple_bits if ple_bits is None else ple_bits
+    folder = exports / ("-".join(pair) + (f"-ple{ple_bits}" if ple_bits != recipes["target"].ple_bits else ""))
     shutil.copytree(float_dir, folder)
     manifest = load_manifest(folder)
     plans = _plans(recipes, folder, manifest, checkpoints, ple_bits)

@@ -30,6 +30,12 @@ class Recipe:
     #                      quantize_dynamic: int8 activations at run time)
     litert: str | None = None  # LiteRT's encoding of the weights: fp16, int8 or int4; None: the float graphs
     litert_as: str | None = None  # LiteRT stores it as this recipe (the same bytes), recorded under that name
+    # size-first: --ple-quant's default under the int recipes (the per-layer-embedding table is half of E2B)
+    ple_bits: int = 8
+    keeps_sensitive: bool = True  # a searched int4 plan keeps the adapter's INT4_KEEP_8BIT weights at 8 bits
+    # one scale per output channel / table row instead of per block (LiteRT; ONNX Runtime's kernels need
+    # power-of-two blocks, so ONNX takes its largest, CHANNELWISE_ONNX_BLOCK)
+    channelwise: bool = False
     offered: bool = False  # named by the memory preflight's "options that fit" when an export does not fit
     gguf: tuple[str, ...] = ()  # llama.cpp's types of the same width (`bench --peers` compares at equal bytes)
 
@@ -55,6 +61,11 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            gguf=("Q4_0", "Q4_K_M")),
     Recipe("int4-rtn", bits=4, table_bits=4, draft_table_bits=4, gate=0.85, wider="int4", bytes_per_weight=0.5,
            blockwise=True, onnx="streamed", litert="int4", gguf=("Q4_0", "Q4_K_M")),
+    # size-first (docs/quantization.md, "mobile"): every weight and table at 4 bits with one scale per channel, the
+    # E2B bundle within Google's 2.59 GB; scales searched on calibration, gate / up error-compensated
+    Recipe("mobile", bits=4, search_scales=True, calibrated=True, table_bits=4, draft_table_bits=4, ple_bits=4,
+           keeps_sensitive=False, channelwise=True, gate=0.80, wider="int4", bytes_per_weight=0.5, onnx="streamed",
+           litert="int4", offered=True, gguf=("Q4_0",)),
     # LiteRT's int8 (dynamic_wi8_afp32) already quantizes activations at run time: the same bytes as int8 there.
     # Wider: int8, whose 32-wide blocks are finer than one activation scale per call (trained tiny pair: top-1
     # 1.000 against 0.984, docs/scale-bench.md)
@@ -67,6 +78,7 @@ ALIASES = {"none": "fp32"}  # accepted for --quant and --drafter-quant
 # --ple-quant: the per-layer-embedding table's bits under the int recipes (a 4-bit PLE broke other toolchains, so 8
 # unless asked)
 PLE_RECIPES = ("int8", "int4")
+CHANNELWISE_ONNX_BLOCK = 128  # the nearest ONNX Runtime has to one scale per channel (block_size: a power of two)
 
 
 def names() -> tuple[str, ...]:
@@ -77,6 +89,11 @@ def names() -> tuple[str, ...]:
 def recipe(name: str) -> Recipe:
     """The Recipe of a name (or alias); KeyError for an unknown one (ExportConfig refuses those in one line)."""
     return RECIPES[ALIASES.get(name, name)]
+
+
+def ple_default(target: Recipe) -> str:
+    """--ple-quant's default: the target recipe's own choice (int4 under the size-first recipe, else int8)."""
+    return f"int{target.ple_bits}"
 
 
 def ple_bits(name: str) -> int:

@@ -16,7 +16,7 @@ from mtpkit.runtime.backends.onnx import release
 from mtpkit.runtime.manifest import Backend, OnnxOptions
 
 from ... import int4
-from ...recipes import Recipe
+from ...recipes import CHANNELWISE_ONNX_BLOCK, Recipe
 from ...recipes import recipe as recipe_named
 from ...scoped import logger_level, root_logging_kept
 from . import stream
@@ -53,14 +53,15 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
         shared_name = _external_initializer(path, EMBEDDINGS_FILE)
         plan = (plans or {}).get(name)
         int4.require_plan(recipe, plan, name)
-        model, tensors = _weights_quantized(path, recipe, block_size, accuracy_level, skip=shared_name, plan=plan)
+        block = CHANNELWISE_ONNX_BLOCK if recipe.channelwise else block_size
+        model, tensors = _weights_quantized(path, recipe, block, accuracy_level, skip=shared_name, plan=plan)
         streamed = recipe.onnx == "streamed"  # its weights stay in <graph>.onnx.data: tables go there too
         tables = dict(base_dir=str(folder), data_file=path.name + ".data" if streamed else None)
         model, layout, ple, drafted = _quantize_tables(model, name, recipe, shared_name, plan, ple_bits,
-                                                       block_size=block_size, accuracy_level=accuracy_level,
+                                                       block_size=block, accuracy_level=accuracy_level,
                                                        **tables)
         if layout:
-            tensors[shared_name] = f"int{layout['bits']}/b{block_size}"
+            tensors[shared_name] = f"int{layout['bits']}/b{block}"
         tensors.update(drafted)
         lookup.update(ple)
         if layout or lookup or drafted:  # GatherBlockQuantized's `bits` attribute (embedding.py)

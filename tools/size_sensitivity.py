@@ -1,0 +1,207 @@
+"""What each byte of a size-first recipe costs: the trained tiny pair's target with every weight kind at a chosen
+width and layout (bits; block of 32 / 64 / 128 or one scale per channel), fake-quantized in PyTorch, teacher-forced
+against the float model on held-out text (top-1 agreement, mean KL), beside the bytes the same choice gives the
+full-size E2B target (the published E2B parameter counts, docs: shared gemma4-architecture.md). The evidence for
+`--quant mobile` (docs/quantization.md, "mobile"). Not run in CI.
+
+    .venv/bin/python tools/size_sensitivity.py [--windows 32] [--out report.md]
+
+Encoder: export/int4.py's scale search weighted by the built-in calibration's activations, the MLP's gate / up
+and (where marked) the attention projections and the lm_head error-compensated (GPTQ); 2 bits: the same search
+over codes -2..1. Kinds: ple (the per-layer-embedding table), lookup (the embedder's copy of the tied table), head
+(the target's lm_head copy), att (q, k, v, o), mlp (layers that own a KV cache), mlp_shared (the KV-shared layers,
+double-wide at E2B). The per-layer projections stay 8 bits per channel throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from int4_sensitivity import PAIR, held_out_windows  # noqa: E402
+
+# E2B target parameters per kind and the width their scales run along (gemma4-architecture.md §6)
+E2B = {"ple": (2348.8e6, 8960), "lookup": (402.7e6, 1536), "head": (402.7e6, 1536), "att": (278.4e6, 1536),
+       "mlp": (424.7e6, 1536), "mlp_shared": (1132.5e6, 1536)}
+E2B_REST = 41.3e6 * 1.0 + 45e6  # per-layer projections at 8 bits, and a 4-bit drafter (bytes)
+ATT = ("q_proj", "k_proj", "v_proj", "o_proj")
+C, B32, B128 = 0, 32, 128  # C: one scale per channel / row
+# (name, {kind: (bits, block)}, GPTQ on attention and lm_head too)
+CASES = [
+    ("int4 (8-bit attention / tables / PLE, gate+up GPTQ)", dict(ple=(8, C), lookup=(8, C), head=(8, C), att=(8, C),
+                                                               mlp=(4, B32), mlp_shared=(4, B32)), False),
+    ("all 4-bit, blocks of 32", dict.fromkeys(E2B, (4, B32)), True),
+    ("all 4-bit b32, head 8-bit", {**dict.fromkeys(E2B, (4, B32)), "head": (8, C)}, True),
+    ("all 4-bit b32, attention 8-bit", {**dict.fromkeys(E2B, (4, B32)), "att": (8, C)}, True),
+    ("all 4-bit b32, PLE 8-bit", {**dict.fromkeys(E2B, (4, B32)), "ple": (8, C)}, True),
+    ("all 4-bit b32, tables per row", {**dict.fromkeys(E2B, (4, B32)), "ple": (4, C), "lookup": (4, C),
+                                       "head": (4, C)}, True),
+    ("all 4-bit, blocks of 128, tables per row", {**dict.fromkeys(E2B, (4, B128)), "ple": (4, C), "lookup": (4, C),
+                                                  "head": (4, C)}, True),
+    ("mobile: all 4-bit, one scale per channel / row", dict.fromkeys(E2B, (4, C)), True),
+    ("mobile, shared-layer MLPs 2-bit b32", {**dict.fromkeys(E2B, (4, C)), "mlp_shared": (2, B32)}, True),
+    ("mobile, lookup table 2-bit per row", {**dict.fromkeys(E2B, (4, C)), "lookup": (2, C)}, True),
+    ("mobile, PLE table 2-bit per row", {**dict.fromkeys(E2B, (4, C)), "ple": (2, C)}, True),
+]
+
+
+def e2b_gb(choice: dict) -> float:
+    total = E2B_REST
+    for kind, (n, width) in E2B.items():
+        bits, block = choice[kind]
+        total += n * (bits + (16 / (block or width) if bits < 8 else 0)) / 8
+    return total / 1e9
+
+
+def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bool) -> np.ndarray:
+    """w at `bits` (8: symmetric per channel; 4 / 2: scales searched as export/int4.py does, over codes
+    -2^(bits-1)..2^(bits-1)-1, GPTQ when compensated and the full moment is known)."""
+    from mtpkit.export.int4 import _inverse_factor, _normalised
+
+    w = np.array(w, np.float32)
+    if bits == 8:
+        scale = np.maximum(np.abs(w).max(axis=1, keepdims=True), 1e-9) / 127
+        return np.clip(np.rint(w / scale), -127, 127) * scale
+    n, k = w.shape
+    block = block or k
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    grid = np.linspace(hi * 0.93, (hi + 1) * 1.06, 17, dtype=np.float32) if bits > 2 else \
+        np.linspace(1.0, 2.6, 17, dtype=np.float32)
+    full = importance is not None and np.ndim(importance) == 2
+    diagonal = np.diagonal(importance) if full else importance
+    weight = None if diagonal is None else _normalised(diagonal).reshape(1, k // block, block)
+    if not (full and compensated):
+        scale = _search(w.reshape(n, k // block, block), weight, grid, lo, hi)
+        return (np.clip(np.rint(w.reshape(n, k // block, block) / scale[..., None]), lo, hi)
+                * scale[..., None]).reshape(n, k)
+    factor, out = _inverse_factor(np.asarray(importance, np.float64)), np.empty_like(w)
+    for b, start in enumerate(range(0, k, block)):  # GPTQ, as export/int4._compensated
+        end = start + block
+        scale = _search(w[:, start:end].reshape(n, 1, block), weight[:, b:b + 1], grid, lo, hi)[:, 0]
+        errors = np.empty((n, block), np.float32)
+        for j in range(start, end):
+            out[:, j] = np.clip(np.rint(w[:, j] / scale), lo, hi) * scale
+            errors[:, j - start] = (w[:, j] - out[:, j]) / factor[j, j]
+            w[:, j + 1:end] -= np.outer(errors[:, j - start], factor[j, j + 1:end])
+        w[:, end:] -= errors @ factor[start:end, end:]
+    return out
+
+
+def _search(blocks, weight, grid, lo: int, hi: int) -> np.ndarray:
+    amax = np.abs(blocks).max(axis=2)
+    best_scale = best_err = None
+    for d in grid:
+        scale = np.maximum((amax / d).astype(np.float16).astype(np.float32), 1e-7)
+        err = np.square(np.clip(np.rint(blocks / scale[..., None]), lo, hi) * scale[..., None] - blocks)
+        err = (err if weight is None else err * weight).sum(axis=2)
+        if best_scale is None:
+            best_scale, best_err = scale, err
+        else:
+            better = err < best_err
+            best_scale, best_err = np.where(better, scale, best_scale), np.where(better, err, best_err)
+    return best_scale
+
+
+def kind_of(name: str, shared: set[int]) -> str | None:
+    if "embed_tokens_per_layer" in name:
+        return "ple"
+    if "per_layer" in name:
+        return None  # the per-layer projections: 8 bits throughout
+    if "embed_tokens" in name:
+        return "lookup"
+    if "lm_head" in name:
+        return "head"
+    layer = re.search(r"layers\.(\d+)\.", name)
+    if any(a in name for a in ATT):
+        return "att"
+    if "mlp" in name and layer:
+        return "mlp_shared" if int(layer.group(1)) in shared else "mlp"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--windows", type=int, default=32, help="held-out windows of 160 tokens (default 32)")
+    p.add_argument("--out", type=Path, help="write the Markdown table here (default: stdout)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    model, float_sd, importance, windows, want = _setup(args.windows)
+    text_cfg = model.config.get_text_config()
+    shared = set(range(text_cfg.num_hidden_layers - text_cfg.num_kv_shared_layers, text_cfg.num_hidden_layers))
+    lines = ["| recipe | top-1 | mean KL | E2B target + drafter (GB) |", "|---|---:|---:|---:|"]
+    for name, choice, compensate_more in CASES:
+        top1, kl = _measure(model, float_sd, importance, windows, want, choice, compensate_more, shared)
+        lines.append(f"| {name} | {top1:.4f} | {kl:.2e} | {e2b_gb(choice):.3f} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    text = f"Trained tiny pair, {sum(len(w) - 1 for w in windows)} held-out positions.\n\n" + "\n".join(lines) + "\n"
+    (args.out.write_text(text) if args.out else sys.stdout.write(text))
+    return 0
+
+
+def _setup(n_windows: int):
+    """The pair's target with its lm_head untied (the two copies differ on LiteRT), calibration moments of every
+    projection and of the lm_head input, and the float logits on held-out windows."""
+    from tokenizers import Tokenizer
+
+    from mtpkit.export import calibration
+    from mtpkit.export.checkpoint import resolve
+    from mtpkit.export.models import target_adapter
+
+    source = resolve(str(PAIR), "target")
+    model = target_adapter(source).load(source)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    float_sd = {k: v.clone() for k, v in model.state_dict().items()}
+    tok = Tokenizer.from_file(str(PAIR / "tokenizer.json"))
+    prompts, _ = calibration.load(None, lambda t: tok.encode(t, add_special_tokens=False).ids, 2)
+    importance = calibration.importance(model, prompts, ("mlp.gate_proj", "mlp.up_proj", *ATT))
+    moment = {"sum": 0, "n": 0}
+
+    def head_input(module, args, output):
+        x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+        moment["sum"], moment["n"] = moment["sum"] + (x.T @ x).numpy(), moment["n"] + x.shape[0]
+
+    handle = model.lm_head.register_forward_hook(head_input)
+    with torch.no_grad():
+        for ids in prompts:
+            model(torch.tensor([ids]))
+    handle.remove()
+    importance["lm_head"] = moment["sum"] / moment["n"]
+    windows = held_out_windows(PAIR, None, windows=n_windows)
+    with torch.no_grad():
+        want = [model(torch.tensor([ids])).logits[0].double() for ids in windows]
+    return model, float_sd, importance, windows, want
+
+
+def _measure(model, float_sd, importance, windows, want, choice, compensate_more: bool, shared) -> tuple:
+    from mtpkit.export.int4 import weight_key
+
+    state = {}
+    for name, value in float_sd.items():
+        kind = kind_of(name, shared) if value.ndim == 2 else None
+        if value.ndim != 2 or (kind is None and "per_layer" not in name and "norm" in name):
+            continue
+        bits, block = choice[kind] if kind else (8, C)
+        key = "lm_head" if kind == "head" else weight_key(name)
+        compensated = "gate_proj" in name or "up_proj" in name or compensate_more and kind in ("att", "head")
+        block = block if block and value.shape[1] % block == 0 else C
+        state[name] = torch.from_numpy(fake_quant(value.double().numpy(), bits, block, importance.get(key or ""),
+                                                  compensated).astype(np.float32))
+    model.load_state_dict({**float_sd, **state})
+    agree, kl = [], []
+    with torch.no_grad():
+        for ids, ref in zip(windows, want):
+            got = model(torch.tensor([ids])).logits[0].double()
+            agree.append((got.argmax(-1) == ref.argmax(-1)).numpy())
+            kl.append(torch.sum(ref.softmax(-1) * (ref.log_softmax(-1) - got.log_softmax(-1)), -1).numpy())
+    model.load_state_dict(float_sd)
+    return float(np.concatenate(agree).mean()), float(np.concatenate(kl).mean())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
