@@ -39,7 +39,7 @@ def teacher_forced(export: Path | Manifest, target, reference: dict, backend: st
     static LiteRT prefill lengths included); every continuation position's logits are compared."""
     from mtpkit.runtime.engine import Engine
 
-    engine = Engine(export, threads=1, backend=backend)
+    engine = Engine(export, threads=1, backend=backend, options=LoadOptions(weight_cache=False))  # as runtime_figures
     agree, kls, max_abs, positions = [], [], 0.0, 0
     for p in reference["prompts"]:
         prompt, cont = p["prompt_ids"], p["greedy_ids"][:-1]
@@ -69,10 +69,11 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 
 def runtime_figures(export: Path | Manifest, reference: dict,
                     num_assistant_tokens: int = DEFAULT_NUM_ASSISTANT_TOKENS, backend: str | None = None,
-                    options: LoadOptions = LoadOptions()) -> dict:
+                    options: LoadOptions = LoadOptions(weight_cache=False)) -> dict:
     """The mtpkit runtime on an export: greedy prefix match with transformers' float greedy, drafter acceptance
     and tokens per target call (speculative greedy, constant k = num_assistant_tokens capped by a static verify length,
-    clean hand-off; recorded as `schedule` and `num_assistant_tokens`, whatever schedule the drafter's config names)."""
+    clean hand-off; recorded as `schedule` and `num_assistant_tokens`, whatever schedule the drafter's config names).
+    No weight cache by default: the export folder must get nothing the manifest does not name."""
     from mtpkit.runtime.engine import Engine, GenConfig
 
     engine = Engine(export, threads=1, backend=backend, options=options)

@@ -95,7 +95,7 @@ def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, 
             manifest = _quantize(manifest, job, phases)
     with phases.phase("acceptance", "measuring the drafter's acceptance on the final graphs"):
         # float graphs kept: no packed copy of them for this one-off run either
-        manifest = _record_acceptance(manifest, LoadOptions(pack_weights=quantized))
+        manifest = _record_acceptance(manifest, LoadOptions(pack_weights=quantized, weight_cache=False))
     with phases.phase("write", f"writing {cfg.out}"):
         measured = {"started": started, **phases.as_dict(), "preflight": estimate.as_dict()}
         dataclasses.replace(manifest, export=record, measured=measured).save(tmp)

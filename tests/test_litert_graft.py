@@ -127,24 +127,31 @@ def test_progress_shows_on_a_terminal_only(monkeypatch, capsys):
 
 
 def test_the_export_check_opens_litert_graphs_without_weight_packing(toy, tmp_path):
-    """Without weight packing interpreters run the builtin kernels on the mapped weights (no XNNPACK copy), with
-    the same results; the runtime's defaults keep XNNPACK."""
-    from ai_edge_litert.interpreter import OpResolverType
-
-    from ai_edge_litert.interpreter import Interpreter
+    """Without weight packing a graph runs TFLite's builtin kernels on the mapped weights (no XNNPACK copy, no
+    weight cache), with the same results; the runtime's defaults keep XNNPACK and its cache file."""
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.cpu_options import CpuKernelMode
+    from ai_edge_litert.options import Options
 
     from mtpkit.runtime.backends import LoadOptions
     from mtpkit.runtime.backends import litert as runtime_litert
+    from mtpkit.runtime.backends.litert_cache import WeightCache
 
     module, skeleton, names, inputs, want = toy
     path = tmp_path / "float.tflite"
     lg.graft(skeleton, path, sources.StateSource(module.state_dict()),
              encoding_for(recipe_named("fp32"), "target", 32, 8),
              names=names)
-    assert runtime_litert.interpreter_options(LoadOptions(pack_weights=False)) == {
-        "experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
-    assert runtime_litert.interpreter_options(LoadOptions()) == {}
-    plain = Interpreter(model_path=str(path),
-                        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    got = plain.get_signature_runner("toy")(x=inputs[0], ids=inputs[1])["y"]
+    cache = WeightCache(tmp_path / "c", tmp_path / "c", building=False)
+    unpacked = runtime_litert.cpu_options(LoadOptions(pack_weights=False), 1, cache)
+    assert unpacked.kernel_mode == CpuKernelMode.BUILTIN and unpacked.xnnpack_weight_cache_path == ""
+    packed = runtime_litert.cpu_options(LoadOptions(), 1, cache)
+    assert packed.kernel_mode is None and packed.xnnpack_weight_cache_path == str(tmp_path / "c")
+    model = CompiledModel.from_file(str(path), options=Options(cpu_options=unpacked))
+    feeds = {name: model.create_input_buffer_by_name("toy", name) for name in ("x", "ids")}
+    for buffer, value in zip(feeds.values(), inputs):
+        buffer.write(np.asarray(value))
+    out = {"y": model.create_output_buffer_by_name("toy", "y")}
+    model.run_by_name("toy", feeds, out)
+    got = out["y"].read(int(np.prod(want.shape)), np.float32).reshape(want.shape)
     np.testing.assert_allclose(got, want, atol=1e-5)

@@ -88,8 +88,12 @@ class LoadOptions:
     pack_weights: let the graph runtime pack a private copy of the weights for its fast kernels (ONNX Runtime's
     prepacking, LiteRT's XNNPACK). Off, the weights stay where the file maps them: for the exporter's one-off float
     runs, where that copy (a float E2B decoder: about 9 GB) is more than the export can afford
-    (docs/export-memory.md)."""
+    (docs/export-memory.md).
+    weight_cache: keep the packed weights in a file (LiteRT: XNNPACK's weight cache, runtime/backends/litert_cache.py)
+    that the next start maps instead of packing again. Off for the exporter's runs, which must leave nothing in the
+    export folder but what the manifest names."""
     pack_weights: bool = True
+    weight_cache: bool = True
 
 
 def open_backend(manifest: Manifest, kind: str | None = None, threads: int | None = None,

@@ -1,5 +1,5 @@
-"""LiteRT backend: the target graph through CompiledModel with its caches bound in place, the other graphs through
-Interpreter signature runners; static shapes.
+"""LiteRT backend: every graph through CompiledModel, XNNPACK's packed weights kept in a weight cache file
+(litert_cache.py), the target's caches bound in place; static shapes.
 
 Driven the way LiteRT-LM drives these graphs: the prompt (all but its last token) is prefilled in padded
 chunks of the exported prefill length, the last prompt token goes through `decode`, drafts are verified with
@@ -20,20 +20,21 @@ from typing import Any
 import numpy as np
 
 from ..handoff import CacheFullError, LastCall, Ranges, drafter_ranges
-from ..manifest import Backend, LiteRtOptions, Manifest, Signature
+from ..manifest import Backend, GraphFile, LiteRtOptions, Manifest, Signature
 from ..quiet import output_captured
 from . import Drafter, Feeds, GraphTensors, LoadOptions, Target, check_signatures
+from .litert_cache import WeightCache, weight_cache
 
 
-def interpreter_options(options: LoadOptions) -> dict[str, Any]:
-    """Interpreter keywords: without weight packing, TFLite's builtin kernels run on the weights where the file maps
+def cpu_options(options: LoadOptions, threads: int, cache: WeightCache | None = None) -> Any:
+    """A graph's CPU options. Without weight packing, TFLite's builtin kernels run on the weights where the file maps
     them, instead of XNNPACK, which packs a private copy of every fully-connected weight when a graph is opened (a
-    float E2B decoder: about 9 GB)."""
-    if options.pack_weights:
-        return {}
-    from ai_edge_litert.interpreter import OpResolverType
+    float E2B decoder: about 9 GB). With it, XNNPACK packs into (or maps) the graph's weight cache file, if any."""
+    from ai_edge_litert.cpu_options import CpuKernelMode, CpuOptions
 
-    return {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
+    if not options.pack_weights:
+        return CpuOptions(num_threads=threads, kernel_mode=CpuKernelMode.BUILTIN)
+    return CpuOptions(num_threads=threads, xnnpack_weight_cache_path=str(cache.path) if cache else "")
 
 
 def default_threads(threads: int | None) -> int:
@@ -42,51 +43,29 @@ def default_threads(threads: int | None) -> int:
 
 
 class LiteRtSession:
-    """One ai_edge_litert Interpreter per .tflite file but the target's (`skip`: a CompiledGraph); signatures run
-    through SignatureCall."""
+    """Every .tflite graph of the backend as a CompiledGraph (the target's with its caches bound in place);
+    signatures run by name through the graph that holds them."""
 
-    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None, skip: str = "",
+    def __init__(self, manifest: Manifest, backend: Backend, threads: int | None = None,
                  options: LoadOptions = LoadOptions()):
-        from ai_edge_litert.interpreter import Interpreter
-
         self.backend = backend
-        self._runners: dict[str, Interpreter] = {}
-        for name, graph in backend.graphs.items():
-            if not graph.file.endswith(".tflite") or name == skip:
-                continue  # the .litertlm bundle is for LiteRT-LM; `skip` is opened as a CompiledGraph
-            interp = Interpreter(model_path=str(manifest.path(graph.file)), num_threads=default_threads(threads),
-                                 **interpreter_options(options))
-            check_signatures(backend, name, functools.partial(_interpreter_tensors, interp))
-            self._runners[name] = interp
-        self.threads = {name: default_threads(threads) for name in [*self._runners, *([skip] if skip else [])]}
-        self._cache: dict[str, SignatureCall] = {}
+        target = backend.signatures["decode"].graph
+        # the .litertlm bundle is for LiteRT-LM
+        self.graphs = {name: CompiledGraph(manifest, backend, name, default_threads(threads), options,
+                                           bind_caches=name == target)
+                       for name, graph in backend.graphs.items() if graph.file.endswith(".tflite")}
+        self.target = self.graphs[target]
+        self.threads = {name: default_threads(threads) for name in self.graphs}
 
     def run(self, signature: str, feeds: Feeds, held: frozenset = frozenset()) -> Feeds:
         """Outputs by key, fresh arrays. Inputs whose key is in `held` are not set: the signature's input buffers
         keep what its previous call was given."""
-        sig = self.backend.signatures[signature]
-        inputs = {t.name: feeds[t.key] for t in sig.inputs if t.key not in held}
-        call = self._cache.get(signature)
-        if call is not None:
-            out = call(inputs)
-        else:  # a signature's first invoke applies XNNPACK, which LiteRT announces on fd 2 (kept out of our output)
-            with output_captured(f"LiteRT's first {signature} call"):
-                call = self._cache[signature] = SignatureCall(self._runners[sig.graph], sig.backend_name)
-                out = call(inputs)
-        return {t.key: np.array(out[t.name]) for t in sig.outputs}
-
-
-def _interpreter_tensors(interpreter: Any, sig: Signature) -> GraphTensors | None:
-    """A signature's own inputs and outputs with their ranks, as an Interpreter describes them (no tensor is
-    allocated); None if the graph has no signature of that name."""
-    if sig.backend_name not in interpreter.get_signature_list():
-        return None
-    runner = interpreter.get_signature_runner(sig.backend_name)
-    return _ranks(runner.get_input_details()), _ranks(runner.get_output_details())
+        return self.graphs[self.backend.signatures[signature].graph].run(signature, feeds, held)
 
 
 def _compiled_tensors(model: Any, sig: Signature) -> GraphTensors | None:
-    """The same, as a CompiledModel describes them."""
+    """A signature's own inputs and outputs with their ranks, as a CompiledModel describes them (no tensor is
+    allocated); None if the graph has no signature of that name."""
     if sig.backend_name not in model.get_signature_list():
         return None
     return _ranks(model.get_input_tensor_details(sig.backend_name)), _ranks(model.get_output_tensor_details(
@@ -97,65 +76,65 @@ def _ranks(details: dict[str, dict]) -> dict[str, int | None]:
     return {name: len(d["shape"]) for name, d in details.items()}
 
 
-class SignatureCall:
-    """A signature's call that sets only the inputs it is given (the others keep what the previous call set: the
-    drafter's held caches) and returns views of the interpreter's buffers, valid until the signature runs again
-    (LiteRtSession.run copies them out). ai-edge-litert 2.3.0's wrapper API, as its own SignatureRunner.__call__
-    uses it."""
+def open_model(manifest: Manifest, graph: GraphFile, threads: int, options: LoadOptions) -> tuple[Any, Any]:
+    """(CompiledModel, its Environment) for one graph file; with weight packing and options.weight_cache, XNNPACK
+    maps the graph's weight cache, or packs into a new one that is kept only once the model was created."""
+    import ai_edge_litert
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.environment import Environment
+    from ai_edge_litert.options import Options
 
-    def __init__(self, interpreter: Any, key: str | None):
-        runner = interpreter.get_signature_runner(key)
-        self._interpreter, self._wrapper = interpreter, interpreter._interpreter
-        self._subgraph = runner._subgraph_index
-        self._inputs, self._outputs = dict(runner._inputs), dict(runner._outputs)
-        self._wrapper.AllocateTensors(self._subgraph)  # static shapes: once, not per call
-
-    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        for name, value in inputs.items():
-            self._wrapper.SetTensor(self._inputs[name], value, self._subgraph)
-        self._wrapper.Invoke(self._subgraph)
-        return {name: self._wrapper.tensor(self._interpreter, index, self._subgraph)
-                for name, index in self._outputs.items()}
+    path = manifest.path(graph.file)
+    cache = weight_cache(path, graph.sha256, graph.bytes) if options.pack_weights and options.weight_cache else None
+    try:
+        with output_captured("LiteRT's CompiledModel"):  # environment, accelerator and cache notices on fd 2
+            env = Environment.create(runtime_path=os.path.dirname(ai_edge_litert.__file__))
+            model = CompiledModel.from_file(str(path), environment=env,
+                                            options=Options(cpu_options=cpu_options(options, threads, cache)))
+    except BaseException:
+        if cache is not None:
+            cache.discard()
+        raise
+    if cache is not None:
+        cache.commit()
+    return model, env
 
 
 class CompiledGraph:
-    """The target graph through LiteRT's CompiledModel, its caches bound in place: one TensorBuffer per cache,
-    the same for the input and the output of every signature, so a call updates the caches where they are instead
-    of copying each in and out (at E2B 2 x 38 MB per call; docs/performance.md). ai-edge-litert 2.3.0's
-    Interpreter cannot bind one buffer to an input and an output."""
+    """One graph through LiteRT's CompiledModel, one TensorBuffer per signature input and output, kept across
+    calls (an input not set keeps what its previous call was given: the drafter's held caches). With bind_caches
+    (the target), each cache is one TensorBuffer, the same for the input and the output of every signature, so a
+    call updates the caches where they are instead of copying each in and out (at E2B 2 x 38 MB per call;
+    docs/performance.md). ai-edge-litert 2.3.0's Interpreter cannot bind one buffer to an input and an output, nor
+    map a weight cache."""
 
-    def __init__(self, path: str, backend: Backend, graph: str, threads: int, options: LoadOptions = LoadOptions()):
-        import ai_edge_litert
-        from ai_edge_litert.compiled_model import CompiledModel
-        from ai_edge_litert.cpu_options import CpuKernelMode, CpuOptions
-        from ai_edge_litert.environment import Environment
-        from ai_edge_litert.options import Options
-
-        cpu = CpuOptions(num_threads=threads, kernel_mode=None if options.pack_weights else CpuKernelMode.BUILTIN)
+    def __init__(self, manifest: Manifest, backend: Backend, graph: str, threads: int,
+                 options: LoadOptions = LoadOptions(), bind_caches: bool = False):
         self.backend = backend
         self.caches: dict[tuple, Any] = {}  # cache key -> TensorBuffer
+        self._shared = CACHE_ROLES if bind_caches else ()
         self._bound: dict[str, tuple[dict, dict, list]] = {}  # signature -> (inputs, outputs, outputs read)
         self._ran: set[str] = set()
-        with output_captured("LiteRT's CompiledModel"):  # environment and accelerator notices on fd 2
-            env = Environment.create(runtime_path=os.path.dirname(ai_edge_litert.__file__))
-            self.model = CompiledModel.from_file(path, environment=env, options=Options(cpu_options=cpu))
+        self.model, env = open_model(manifest, backend.graphs[graph], threads, options)
         weakref.finalize(self, _release, self.model, env, self.caches, self._bound)
         _quiet_teardown()
         # outside the capture, which would replay LiteRT's notices beside the one-line error; before any buffer is
         # created by a tensor name the graph may not have
         check_signatures(backend, graph, functools.partial(_compiled_tensors, self.model))
-        with output_captured("LiteRT's cache buffers"):
-            self._bind("decode")  # the (zeroed) cache buffers, which every signature shares
+        if bind_caches:
+            with output_captured("LiteRT's cache buffers"):
+                self._bind("decode")  # the (zeroed) cache buffers, which every signature shares
 
-    def run(self, signature: str, feeds: Feeds) -> Feeds:
-        """The signature's outputs but the caches, as fresh arrays; the caches are updated in place."""
+    def run(self, signature: str, feeds: Feeds, held: frozenset = frozenset()) -> Feeds:
+        """The signature's outputs but the caches, as fresh arrays; the caches are updated in place, inputs in
+        `held` keep their previous values."""
         sig = self.backend.signatures[signature]
-        # a signature's first call applies XNNPACK, which LiteRT announces on fd 2 (kept out of our output)
+        # a signature's first call may apply XNNPACK, which LiteRT announces on fd 2 (kept out of our output)
         with output_captured(f"LiteRT's first {signature} call") if signature not in self._ran else _NO_CAPTURE:
             self._ran.add(signature)
             inputs, outputs, read = self._bind(signature)
             for t in sig.inputs:
-                if t.key not in self.caches:
+                if t.key not in self.caches and t.key not in held:
                     inputs[t.name].write(np.asarray(feeds[t.key], np.dtype(t.dtype)))
             self.model.run_by_name(sig.backend_name, inputs, outputs)
         return {key: outputs[name].read(size, dtype).reshape(shape) for key, name, size, shape, dtype in read}
@@ -165,7 +144,7 @@ class CompiledGraph:
         read or write of any buffer creates LiteRT's process-wide buffer environment, with notices on fd 2."""
         if signature not in self._bound:
             sig = self.backend.signatures[signature]
-            for t in (t for t in sig.inputs if t.role in CACHE_ROLES and t.key not in self.caches):
+            for t in (t for t in sig.inputs if t.role in self._shared and t.key not in self.caches):
                 self.caches[t.key] = self.model.create_input_buffer_by_name(sig.backend_name, t.name)
                 self.caches[t.key].write(np.zeros(t.shape, np.dtype(t.dtype)))  # new buffers are not zeroed
             inputs = {t.name: self.caches.get(t.key) or self.model.create_input_buffer_by_name(sig.backend_name, t.name)
@@ -401,8 +380,6 @@ def embed(session: LiteRtSession, ids: list[int], per_layer: bool = True) -> tup
 def load(manifest: Manifest, backend: Backend, threads: int | None = None,
          options: LoadOptions = LoadOptions()) -> tuple[Target[Ranges], Drafter[Ranges]]:
     """The runtime backend contract (runtime/backends/__init__.py), which mypy checks these classes against."""
-    graph = backend.signatures["decode"].graph
-    session = LiteRtSession(manifest, backend, threads, skip=graph, options=options)
-    kv = StateKV(manifest, backend, CompiledGraph(str(manifest.path(backend.graphs[graph].file)), backend, graph,
-                                                  default_threads(threads), options))
+    session = LiteRtSession(manifest, backend, threads, options=options)
+    kv = StateKV(manifest, backend, session.target)
     return StateTarget(session, kv), StateDrafter(session, kv, int(manifest.model.vocab_size))
