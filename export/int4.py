@@ -33,13 +33,12 @@ _ELEMENTS = 1 << 22  # weights searched at a time (16 MiB of float32): the searc
 
 
 def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None,
-           grid: np.ndarray = SCALE_GRID, lowest: int = -8) -> tuple[np.ndarray, np.ndarray]:
-    """(codes int8 [n, k] in lowest..7, scales float16 [n, k // block], all positive) of rows [n, k], blockwise
-    along k (block = k: one scale per row), each block's scale the `grid` candidate with the least squared error,
-    weighted by `importance`: [k], the mean square input activation per channel (None: unweighted), or [k, k], the
-    mean x x^T, which also compensates each column's rounding error on the columns after it (GPTQ). RTN_GRID gives
-    int4-rtn; lowest=-7 gives symmetric codes (LiteRT's builtin per-channel kernel misreads -8). Rows are
-    independent, so any slicing of the rows gives the same result."""
+           grid: np.ndarray = SCALE_GRID) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 [n, k] in -8..7, scales float16 [n, k // block], all positive) of rows [n, k], blockwise along
+    k, each block's scale the `grid` candidate with the least squared error, weighted by `importance`: [k], the
+    mean square input activation per channel (None: unweighted), or [k, k], the mean x x^T, which also compensates
+    each column's rounding error on the columns after it (GPTQ). RTN_GRID gives int4-rtn. Rows are independent,
+    so any slicing of the rows gives the same result."""
     n, k = rows.shape
     if k % block:
         raise ValueError(f"width {k} is not a multiple of the int4 block {block}")
@@ -52,8 +51,8 @@ def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None,
     for start in range(0, n, step):
         stop = min(n, start + step)
         part = rows[start:stop]
-        codes[start:stop], scales[start:stop] = _compensated(part, block, weight, grid, factor, lowest) if full \
-            else _search(part.reshape(stop - start, k // block, block), weight, grid, lowest)
+        codes[start:stop], scales[start:stop] = _compensated(part, block, weight, grid, factor) if full else \
+            _search(part.reshape(stop - start, k // block, block), weight, grid)
     return codes, scales
 
 
@@ -68,7 +67,7 @@ def _inverse_factor(hessian: np.ndarray, damp: float = 0.01) -> np.ndarray:
 
 
 def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndarray,
-                 factor: np.ndarray, lowest: int = -8) -> tuple[np.ndarray, np.ndarray]:
+                 factor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ over one slice of rows: blocks in order, each block's scale searched on the weights as corrected so
     far, each column rounded with it and its error spread over the later columns (within the block one column at
     a time, beyond it once per block as one matrix product)."""
@@ -77,12 +76,12 @@ def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndar
     codes, scales = np.empty((n, k), np.int8), np.empty((n, k // block), np.float16)
     for b, g in enumerate(range(0, k, block)):
         e = g + block
-        _, s = _search(w[:, g:e].reshape(n, 1, block), weight[:, b:b + 1], grid, lowest)
+        _, s = _search(w[:, g:e].reshape(n, 1, block), weight[:, b:b + 1], grid)
         scale = s[:, 0].astype(np.float32)
         scales[:, b] = s[:, 0]
         errors = np.empty((n, block), np.float32)
         for j in range(g, e):
-            q = np.clip(np.rint(w[:, j] / scale), lowest, 7)
+            q = np.clip(np.rint(w[:, j] / scale), -8, 7)
             codes[:, j] = q
             errors[:, j - g] = (w[:, j] - q * scale) / factor[j, j]
             w[:, j + 1:e] -= np.outer(errors[:, j - g], factor[j, j + 1:e])
@@ -90,14 +89,13 @@ def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndar
     return codes, scales
 
 
-def _search(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray,
-            lowest: int = -8) -> tuple[np.ndarray, np.ndarray]:
+def _search(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blocks = blocks.astype(np.float32, copy=False)
     amax = np.abs(blocks).max(axis=2)
     best_scale, best_err = None, None
     for d in grid:
         scale = _stored(amax / d)
-        err = np.square(_codes(blocks, scale, lowest) * scale[..., None] - blocks)
+        err = np.square(_codes(blocks, scale) * scale[..., None] - blocks)
         err = (err if weight is None else err * weight).sum(axis=2)
         if best_scale is None:
             best_scale, best_err = scale, err
@@ -105,7 +103,7 @@ def _search(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray,
             better = err < best_err
             best_scale, best_err = np.where(better, scale, best_scale), np.where(better, err, best_err)
     n = blocks.shape[0]
-    return _codes(blocks, best_scale, lowest).reshape(n, -1), best_scale.astype(np.float16)
+    return _codes(blocks, best_scale).reshape(n, -1), best_scale.astype(np.float16)
 
 
 def _stored(scale: np.ndarray) -> np.ndarray:
@@ -115,8 +113,8 @@ def _stored(scale: np.ndarray) -> np.ndarray:
     return s.astype(np.float32)
 
 
-def _codes(blocks: np.ndarray, scale: np.ndarray, lowest: int = -8) -> np.ndarray:
-    return np.clip(np.rint(blocks / scale[..., None]), lowest, 7).astype(np.int8)
+def _codes(blocks: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(blocks / scale[..., None]), -8, 7).astype(np.int8)
 
 
 def _normalised(importance: np.ndarray) -> np.ndarray:
@@ -171,10 +169,8 @@ class Int4Plan:
 
 
 def label(bits: int, block: int, importance: np.ndarray | None = None) -> str:
-    """How a weight is stored, as manifest.json records it: "int8/b32", "int4/b32", "int4/b32/gptq" (compensated),
-    "int4/channel" (block 0: one scale per output channel or table row)."""
-    return f"int{bits}/" + (f"b{block}" if block else "channel") + ("/gptq" if bits == 4 and np.ndim(importance) == 2
-                                                                      else "")
+    """How a weight is stored, as manifest.json records it: "int8/b32", "int4/b32", "int4/b32/gptq" (compensated)."""
+    return f"int{bits}/b{block}" + ("/gptq" if bits == 4 and np.ndim(importance) == 2 else "")
 
 
 def require_plan(recipe: Recipe, plan: Int4Plan | None, side: str) -> None:

@@ -30,7 +30,7 @@ EXPECTED = {"fp16": dict.fromkeys(TFLITE, "fp16"), "int8": dict.fromkeys(TFLITE,
             "int4": {"target": "int4", "embedder": "int8", "per_layer_embedder": "int8", "drafter": "int4"},
             "mobile": dict.fromkeys(TFLITE, "mobile")}  # every table 4-bit, one scale per row
 # embedding tables are nearly all weights: their files shrink about as the bits do (4-bit blocks carry fp16 scales)
-TABLE_RATIO = {"fp16": 0.55, "int8": 0.40, "int4": 0.25, "mobile": 0.30}  # mobile: a float32 scale per row
+TABLE_RATIO = {"fp16": 0.55, "int8": 0.40, "int4": 0.25, "mobile": 0.25}
 
 
 @pytest.fixture(scope="module", params=LITERT_VARIANTS)
@@ -110,19 +110,17 @@ def test_the_drafters_centroid_table_is_4_bit_under_the_int_recipes(quantized, f
         assert tensor.type == schema.TensorType.FLOAT16
         assert lite.options.quantization["drafter"]["tables"] == {table: "float16"}
         return
-    channelwise = recipe_named(recipe).channelwise  # mobile: one float32 scale per row, in the tensor itself
-    assert bits == 4 and tensor.type == schema.TensorType.INT4
-    assert len(tensor.quantization.scale) == rows if channelwise else tensor.quantization.details.blockSize == 32
+    block = width if recipe_named(recipe).channelwise else 32  # mobile: one block per row
+    assert bits == 4 and tensor.type == schema.TensorType.INT4 and tensor.quantization.details.blockSize == block
     assert quantized_model.buffers[tensor.buffer].size == rows * width // 2
-    assert lite.options.quantization["drafter"]["tables"] == {table: "int4/channel" if channelwise else "int4/b32"}
+    assert lite.options.quantization["drafter"]["tables"] == {table: f"int4/b{block}"}
     kept = tmp_path / "kept.tflite"  # the same recipe, the table alone float32
     shutil.copy(float_export / file, kept)
     float_table = dataclasses.replace(recipe_named(recipe), draft_table_bits=None)
     graft.graft(kept, kept, sources.GraftedSource(kept, schema.ModelT.InitFromPackedBuf(graft.read_map(kept), 0)),
                 litert_quant.encoding_for(float_table, "drafter", 32, 8))
     saved = kept.stat().st_size - len(data)
-    # 4-bit codes, a float16 scale per 32 (channelwise: a float32 scale per row)
-    expected = 4 * rows * width * 7 // 8 - (4 * rows if channelwise else 2 * rows * width // 32)
+    expected = 4 * rows * width * 7 // 8 - 2 * rows * width // block  # 4-bit codes, a float16 scale per block
     # the rest: alignment, and the scales' tensor entry in each signature's subgraph
     assert abs(saved - expected) < 256 * len(quantized_model.subgraphs), (saved, expected)
 

@@ -23,7 +23,7 @@ def ops_float(src) -> collections.Counter:
     return collections.Counter(n.op_type for n in onnx.load(str(src / "target.onnx"), load_external_data=False).graph.node)
 
 
-def _quantized_copy(src, dst, recipe):
+def _quantized_copy(src, dst, recipe, ple_bits: int = 8):
     """A copy of the float export src with its ONNX graphs quantized by `recipe` (a name, or a Recipe)."""
     from mtpkit.export import quant_report
     from mtpkit.export.backends import onnx as onnx_backend
@@ -33,8 +33,8 @@ def _quantized_copy(src, dst, recipe):
     manifest = load_manifest(dst)
     recipe = recipe_named(recipe) if isinstance(recipe, str) else recipe
     recipes = {"target": recipe, "drafter": recipe}
-    plans = quant_report._plans(recipes, dst, manifest, None, 8)  # int4's calibration, as the exporter's
-    backend = onnx_backend.quantize(dst, manifest.backend("onnx"), recipes, plans=plans)
+    plans = quant_report._plans(recipes, dst, manifest, None, ple_bits)  # int4's calibration, as the exporter's
+    backend = onnx_backend.quantize(dst, manifest.backend("onnx"), recipes, plans=plans, ple_bits=ple_bits)
     dataclasses.replace(manifest, backends={**manifest.backends, "onnx": backend}).save(dst)
     return load_manifest(dst)  # checks every sha256 again
 
@@ -85,6 +85,33 @@ def test_every_recipe_runs_on_every_variant(tiny_exports, tmp_path, name, recipe
         spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))]
         assert len(plain) == 12 or plain[-1] in manifest.eos_ids  # a random model may stop at EOS
         assert_equal_but_near_ties(engine, ids, spec, plain)  # lossless on the quantized graphs themselves
+
+
+def test_mobile_is_4_bit_everywhere_in_blocks_of_128_and_stays_lossless(tiny_exports, tmp_path):
+    """--quant mobile on ONNX: every MatMulNBits and every table 4-bit, in ONNX Runtime's largest block (its nearest
+    to LiteRT's one scale per channel), no weight kept at 8 bits, the PLE table 4-bit by default; speculative output
+    equals plain on the graphs."""
+    import onnx
+
+    from mtpkit.export.recipes import CHANNELWISE_ONNX_BLOCK
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+    manifest = _quantized_copy(tiny_exports("e2b_gemma4_centroid"), tmp_path / "mobile", "mobile", ple_bits=4)
+    onnx_backend = manifest.backend("onnx")
+    for graph in ("target.onnx", "drafter.onnx"):
+        nodes = onnx.load(str(manifest.path(graph)), load_external_data=False).graph.node
+        quantized = [n for n in nodes if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+        assert quantized and all({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}["bits"] == 4
+                                 and {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}["block_size"]
+                                 == CHANNELWISE_ONNX_BLOCK for n in quantized), graph
+    labels = onnx_backend.options.quantization["target"]["tensors"]
+    assert labels and all(e.startswith(f"int4/b{CHANNELWISE_ONNX_BLOCK}") for e in labels.values())
+    assert set(onnx_backend.options.lookup_tables.values()) == {"int4"}
+    engine = Engine(manifest.root)
+    for ids in ([2, 80, 81, 82], [2] + list(range(40, 70))):
+        plain = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, mtp=False))]
+        spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=4))]
+        assert_equal_but_near_ties(engine, ids, spec, plain)
 
 
 def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_exports, tmp_path):

@@ -110,23 +110,17 @@ class WeightInputs:
 @dataclasses.dataclass(frozen=True)
 class Encoding:
     kind: str  # float32 | float16 | int8 | int4
-    block: int = 0  # int4 only: the block along the input dimension; 0: one float32 scale per row (channelwise)
+    block: int = 0  # int4 only
     # int4 only: scales searched per block (export/int4.py), weighted by this importance ([k], or [k, k]: GPTQ)
     searched: bool = False
     importance: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
-    lowest: int = -8  # int4's lowest code: -7 for channelwise FULLY_CONNECTED (LiteRT 2.3.0's builtin kernel adds 7)
-
-    @property
-    def channelwise(self) -> bool:
-        """Scales per row in the tensor's quantization parameters (int8, channelwise int4), not a scales tensor."""
-        return self.kind == "int8" or self.kind == "int4" and not self.block
 
     def data_bytes(self, shape) -> int:
         n = int(np.prod(shape))
         return {"float32": 4 * n, "float16": 2 * n, "int8": n, "int4": (n + 1) // 2}[self.kind]
 
     def scale_bytes(self, shape) -> int:
-        return 2 * shape[0] * (shape[1] // self.block) if self.kind == "int4" and self.block else 0
+        return 2 * shape[0] * (shape[1] // self.block) if self.kind == "int4" else 0
 
     def encode(self, rows: np.ndarray) -> tuple[bytes, np.ndarray | None]:
         """(data, per-row scales) of a block of rows; rows are independent in every encoding."""
@@ -138,15 +132,20 @@ class Encoding:
             scale = np.maximum(np.abs(rows).max(axis=1), 1e-9).astype(np.float32) / np.float32(127)
             q = np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8)
             return q.tobytes(), scale
-        codes, scale = int4.encode(rows, self.block or rows.shape[1], self.importance,
-                                   int4.SCALE_GRID if self.searched else int4.RTN_GRID, self.lowest)  # rtn: absmax / 7
-        if not self.block:
-            scale = scale[:, 0].astype(np.float32)
+        codes, scale = int4.encode(rows, self.block, self.importance,
+                                   int4.SCALE_GRID if self.searched else int4.RTN_GRID)  # rtn: absmax / 7
         q = codes.reshape(-1)
         if q.size % 2:
             q = np.append(q, np.int8(0))
         packed = (q[0::2] & 0x0F) | ((q[1::2] & 0x0F) << 4)  # two values per byte, the first in the low nibble
         return packed.astype(np.uint8).tobytes(), scale
+
+
+def channel_block(width: int) -> int | None:
+    """One scale per row, as a block as wide as the row: the float16 scales lie in one buffer every signature's
+    subgraph shares (per-channel quantization parameters would repeat a float32 scale and an int64 zero point per
+    row in each subgraph that reads the weight), and XNNPACK takes any block that is a multiple of 32."""
+    return width if width % 32 == 0 else int4_block(width, 128)
 
 
 def int4_block(width: int, block_size: int) -> int | None:
@@ -257,7 +256,7 @@ def _place(model, name, places, shape, enc: Encoding) -> dict:
     from ai_edge_litert import schema_py_generated as schema
 
     data = _new_buffer(model)
-    scales = _new_buffer(model) if enc.kind == "int4" and enc.block else None
+    scales = _new_buffer(model) if enc.kind == "int4" else None
     quants = []
     types = {"float32": schema.TensorType.FLOAT32, "float16": schema.TensorType.FLOAT16,
              "int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4}
@@ -267,7 +266,7 @@ def _place(model, name, places, shape, enc: Encoding) -> dict:
         tensor.name, tensor.buffer, tensor.type = (WEIGHT + name).encode(), data, types[enc.kind]
         tensor.shapeSignature = None
         tensor.quantization = None
-        if enc.channelwise:
+        if enc.kind == "int8":
             q = schema.QuantizationParametersT()
             q.scale, q.zeroPoint, q.quantizedDimension = np.ones(shape[0], np.float32), np.zeros(shape[0], np.int64), 0
             tensor.quantization = q
@@ -375,10 +374,10 @@ def _write_weight(f, model, p: dict, source) -> str:
         f.write(data)
         if scale is not None:
             scales.append(scale)
-    if enc.channelwise:
+    if enc.kind == "int8":
         for q in p["quants"]:
             q.scale = np.concatenate(scales).astype(np.float32)
-    elif enc.kind == "int4":
+    if enc.kind == "int4":
         f.seek(model.buffers[p["scales"]].offset)
         f.write(np.concatenate(scales).astype(np.float16).tobytes())
     return int4.label(4, enc.block, enc.importance) if enc.kind == "int4" else enc.kind

@@ -136,8 +136,8 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
     width no block of 128/64/32 (up to block_size) divides gets int8 channelwise. The drafter's lookup table (its
     centroid head's) takes the recipe's draft_table_bits (None: float32). `plan` (int4 / int4-rtn): the weights it
     keeps at 8 bits, and each weight's calibration importance for the scale search. A channelwise recipe (mobile)
-    gives every 4-bit weight and table one scale per row instead of blocks."""
-    from .graft import Encoding, int4_block
+    gives every 4-bit weight and table one scale per row (channel_block)."""
+    from .graft import Encoding, channel_block, int4_block
 
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
         if len(shape) != 2 or not uses or not uses <= WEIGHT_OPS or not recipe.quantized:
@@ -151,14 +151,11 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
             bits = recipe.draft_table_bits
         if graph == "target" and "per_layer" in name and ple_bits == 8 or plan is not None and plan.bits(name) == 8:
             bits = 8
-        block = 0 if recipe.channelwise else int4_block(shape[1], block_size)
-        if bits == 8 or block is None:
+        block = channel_block(shape[1]) if recipe.channelwise else int4_block(shape[1], block_size)
+        if bits == 8 or not block:
             return Encoding("int8")
         searched = plan is not None and plan.searched
-        # channelwise FULLY_CONNECTED codes stay in -7..7: LiteRT 2.3.0's builtin kernel misreads -8 (lookups do not)
-        lowest = -7 if recipe.channelwise and uses != {LOOKUP} else -8
-        return Encoding("int4", block, searched=searched, importance=plan.importance_of(name) if searched else None,
-                        lowest=lowest)
+        return Encoding("int4", block, searched=searched, importance=plan.importance_of(name) if searched else None)
 
     return choose
 
