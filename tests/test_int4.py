@@ -182,9 +182,9 @@ def test_calibration_is_refused_without_int4_and_when_missing(tmp_path):
 
     file = tmp_path / "cal.jsonl"
     file.write_text('{"text": "x y"}\n')
-    with pytest.raises(UsageError, match="--calibration is read by --quant int4 only"):
+    with pytest.raises(UsageError, match="--calibration is read by --quant int4 / mobile only"):
         ExportConfig(target="t", drafter="d", out=tmp_path / "o", quant="int8", calibration=file)
-    with pytest.raises(UsageError, match="--calibration is read by --quant int4 only"):  # a drafter-only int4 too
+    with pytest.raises(UsageError, match="--calibration is read by --quant int4 / mobile only"):  # a drafter-only int4 too
         ExportConfig(target="t", drafter="d", out=tmp_path / "o", quant="int8", drafter_quant="int4", calibration=file)
     with pytest.raises(UsageError, match="no such file"):
         ExportConfig(target="t", drafter="d", out=tmp_path / "o", quant="int4", calibration=tmp_path / "none.jsonl")
