@@ -19,6 +19,7 @@ from ...recipes import recipe as recipe_named
 from ...scoped import logger_level, root_logging_kept
 from . import stream
 from .embedding import drop_stale_data, quantize_shared_table, save_with_table_external
+from .encodings import LOOKUP, MATMUL, encoding_for
 from .graphs import EMBEDDINGS_FILE, graph_file, node_count
 
 log = logging.getLogger(__name__)
@@ -50,17 +51,18 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
         model, tensors = _weights_quantized(path, recipe, block_size, accuracy_level, skip=shared_name, plan=plan)
         streamed = recipe.onnx == "streamed"  # its weights stay in <graph>.onnx.data: tables go there too
         tables = dict(base_dir=str(folder), data_file=path.name + ".data" if streamed else None)
+        choose = encoding_for(recipe, name, block_size, ple_bits, plan)
         layout = None
-        if shared_name and recipe.table_bits:  # the tied table quantized once: lm_head, lookup and host
-            bits = plan.bits(shared_name) if plan else recipe.table_bits
-            model, layout = quantize_shared_table(model, shared_name, bits=bits, block_size=block_size,
+        if shared_name and (enc := choose(shared_name, _dims(model, shared_name), {MATMUL, LOOKUP})).kind == "nbits":
+            # the tied table quantized once: lm_head, lookup and host
+            model, layout = quantize_shared_table(model, shared_name, bits=enc.bits, block_size=block_size,
                                                   accuracy_level=accuracy_level, **tables)
-            tensors[shared_name] = f"int{bits}/b{block_size}"
-        if shared_name and recipe.bits is not None:  # the int recipes
-            for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
-                model, _ = quantize_shared_table(model, table, bits=ple_bits, block_size=block_size,
+            tensors[shared_name] = enc.label
+        for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
+            if (enc := choose(table, _dims(model, table), {LOOKUP})).kind == "nbits":
+                model, _ = quantize_shared_table(model, table, bits=enc.bits, block_size=block_size,
                                                  accuracy_level=accuracy_level, **tables)
-                lookup[table] = f"int{ple_bits}"
+                lookup[table] = f"int{enc.bits}"
         if layout or lookup:  # GatherBlockQuantized's `bits` attribute (embedding.py)
             oldest = max(oldest or "0", "1.21", key=release)
         if layout:
@@ -149,11 +151,9 @@ def _fp16(model):
     return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block)
 
 
-def _lookup_tables(model, exclude: str) -> list[str]:
-    """2-D float initializers read only by Gather (the per-layer-embedding table), other than `exclude`.
-
-    A 4-bit PLE table produced garbage in other Gemma 4 toolchains, so these keep 8 bits under every int recipe.
-    """
+def _lookup_tables(model, exclude: str | None) -> list[str]:
+    """2-D float initializers read only by Gather (the per-layer-embedding table, the drafter's centroid rows), other
+    than `exclude`; encoding_for says which are quantized."""
     import onnx
 
     floats = {t.name for t in model.graph.initializer
@@ -164,6 +164,10 @@ def _lookup_tables(model, exclude: str) -> list[str]:
             if name in floats:
                 readers.setdefault(name, set()).add((node.op_type, i))
     return sorted(name for name, uses in readers.items() if uses == {("Gather", 0)})
+
+
+def _dims(model, name: str) -> tuple[int, ...]:
+    return tuple(next(t.dims for t in model.graph.initializer if t.name == name))
 
 
 def _external_initializer(path: Path, location: str) -> str | None:
