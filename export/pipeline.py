@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtpkit.errors import UsageError
 from mtpkit.runtime.backends import LoadOptions
 from mtpkit.runtime.manifest import (SCHEMA_VERSION, Generation, KVCache, Manifest, Model, Quantization, Tokens,
                                      sha256_file)
@@ -40,6 +41,9 @@ def export_model(cfg: ExportConfig) -> Path:
     Returns:
         the export folder, holding manifest.json, the graphs, tokenizer, HF config and reference files.
     """
+    if cfg.dry_run:
+        raise UsageError("a dry run writes nothing: plan it with mtpkit.export.sizes.plan_export(cfg), or pass "
+                         "--dry-run to `mtpkit export`")
     started = time.time()
     import_quietly()
     record = reproduce.record(cfg)  # the flags as given: a re-run adapts the same defaults the same way
