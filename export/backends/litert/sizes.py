@@ -2,10 +2,12 @@
 
 A grafted .tflite (graft.py) is its flatbuffer, 4096 bytes of slack, then every weight at a 64-byte aligned offset,
 each encoded as quantize() would (encoding_for, through the op the model adapter says reads it). The flatbuffer
-(ops, tensors, signatures) is modelled by the constants below, measured on the tiny float exports of
-tests/conftest.py (e2b_gemma4_centroid: 10 layers, cache 256; e4b_text_dense_kv_eq: 12 layers, cache 512) as the
-flatbuffer's length per decoder layer and signature; a quantized weight adds to it at each place (a signature's
-subgraph) that reads it. model.litertlm is litert-lm-builder's 16 KiB blocks: a header, the metadata (chat
+(ops, tensors, signatures) is modelled by the constants below: the flatbuffer's length (graft._pack) per decoder
+layer and signature of the tiny float exports of tests/conftest.py (e2b_gemma4_centroid: 10 layers, cache 256;
+e4b_text_dense_kv_eq: 12 layers, cache 512; the centroid head's selection from their drafters' difference); a
+quantized weight adds to it at each place (a signature's subgraph) that reads it, measured on
+e2b_gemma4_centroid's fp16 / int8 / int4 copies (quant_report.derive_quantized). The e4b copies, not fitted, land
+within 0.6%. model.litertlm is litert-lm-builder's 16 KiB blocks: a header, the metadata (chat
 template, one entry per KV cache), the tokenizer.json zlib-compressed, then the four .tflite files.
 """
 
@@ -29,7 +31,7 @@ DRAFTER_PER_LAYER_SIGNATURE = 16178
 # per signature, the ops a centroid head selects its rows with (top-k, gather, scatter) around its index table
 SELECT_PER_SIGNATURE = 2740
 # flatbuffer bytes a quantized weight adds at each place that reads it, beyond Encoding.params_bytes: int4's
-# scales tensor, float16's DEQUANTIZE op and its float32 output tensor (measured on the same exports)
+# scales tensor, float16's DEQUANTIZE op and its float32 output tensor, int8's vectors (see the docstring)
 PLACE_BYTES = {"float32": 0, "float16": 140, "int8": 31, "int4": 150}
 BLOCK = 16 << 10  # litert-lm-builder's section alignment (litertlm_core.BLOCK_SIZE)
 METADATA_FIXED = 350  # LlmMetadata beyond its chat template (start / stop tokens, channels)

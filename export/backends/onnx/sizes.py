@@ -13,14 +13,17 @@ from ...sizes import PlannedFile, SizeJob, tally
 from .encodings import MATMUL, Encoding, encoding_for
 from .graphs import EMBEDDINGS_FILE
 
-# protobuf bytes per decoder layer (node names and metadata, small constants), by the encoding of the graph's MatMul
-# weights, which says how the recipe rewrote the graph: measured on e2b_gemma4_centroid (10 target layers, 4
-# drafter layers). Re-saved through onnx_ir, an MatMulNBits graph keeps less of torch's node metadata.
+# protobuf bytes per decoder layer (node names and metadata, small constants): a file's bytes less its planned
+# weights, per layer, by the encoding of the graph's MatMul weights (how the recipe rewrote the graph). Measured: the
+# float target on e2b_gemma4_centroid (10 layers) and e4b_text_dense_kv_eq (12), the float drafter (4 layers) on the
+# latter's dense head, the rewritten graphs on the former's fp16 / int8 / int4 / int8-dynamic copies
+# (quant_report.derive_quantized); the latter's copies, not fitted, land within 0.4%. Re-saved through onnx_ir, a
+# MatMulNBits graph keeps less of torch's node metadata.
 PROTO_PER_LAYER = {"float32": {"target": 36086, "drafter": 23737}, "nbits": {"target": 31883, "drafter": 20529},
                    "float16": {"target": 39912, "drafter": 27123},
                    "int8-channel": {"target": 34186, "drafter": 22785}}
 # the ops a centroid head selects its rows with (top-k, gather, scatter) around its index table, and the scatter's
-# float32 row of the vocabulary it fills
+# float32 row of the vocabulary it fills (e2b_gemma4_centroid's drafter less e4b_text_dense_kv_eq's)
 SELECT_BYTES, SELECT_VOCAB_BYTES = 8571, 4
 
 
