@@ -161,10 +161,17 @@ def plans(recipes: dict[str, Recipe], target, adapters: dict, encode, bos_id: in
             importance_of = without_thin_moments(
                 importance(target, prompts, adapters[side].INT4_COMPENSATE), record["tokens"])
         mine = side == "target"
-        keep = (adapters[side].INT4_KEEP_8BIT if recipe.keeps_sensitive else ()) + \
-            (adapters[side].INT4_PLE_PATH if ple_bits == 8 else ())
-        out[side] = int4.plan(recipe, keep, importance_of if mine else None, record if mine else None)
+        out[side] = int4.plan(recipe, kept_8bit(adapters[side], ple_bits, recipe), importance_of if mine else None,
+                              record if mine else None)
     return out
+
+
+def kept_8bit(adapter, ple_bits: int, recipe: Recipe) -> tuple[str, ...]:
+    """What an int4 plan keeps at 8 bits for a model adapter's side: its INT4_KEEP_8BIT (unless the recipe keeps
+    no sensitive set: mobile), and its per-layer-embedding path unless ple_bits is 4. Decided by names alone, before
+    calibration: the size plan (export/sizes.py) reads it."""
+    return (adapter.INT4_KEEP_8BIT if recipe.keeps_sensitive else ()) + \
+        (adapter.INT4_PLE_PATH if ple_bits == 8 else ())
 
 
 def _contains(hay: list[int], needle: list[int]) -> bool:

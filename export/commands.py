@@ -71,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --verify DIR to re-run "
                          "an export)")
     cfg = ExportConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ExportConfig)})
+    if cfg.dry_run:
+        from .sizes import plan_export
+
+        print(plan_export(cfg).render())
+        return 0
     from .pipeline import export_model
 
     out = export_model(cfg)  # GraphParityError and QualityGateError are MtpkitErrors: one line, exit 2

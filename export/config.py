@@ -43,6 +43,10 @@ class ExportConfig:
     backend: tuple[str, ...] = flag(("onnx",), f"comma-separated: {', '.join(BACKENDS)} (each backend's graphs are "
                                                "checked against PyTorch)")
     force: bool = flag(False, "replace DIR if it exists")
+    dry_run: bool = flag(False, "export nothing: print the bytes of every file the export would write (per backend, "
+                                "with each weight's encoding under --quant) and the memory a runtime needs to decode "
+                                "at --max-cache-len (weights read per call, memory-mapped tables, KV cache), from "
+                                "the checkpoints' configs and safetensors headers alone, in seconds")
     max_cache_len: int | None = flag(None, "KV capacity in tokens: prompt + generated (default "
                                            f"{DEFAULT_MAX_CACHE_LEN}, or the target's max_position_embeddings when "
                                            "that is smaller)", type=int)

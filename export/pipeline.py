@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtpkit.errors import UsageError
 from mtpkit.runtime.backends import LoadOptions
 from mtpkit.runtime.manifest import (SCHEMA_VERSION, Generation, KVCache, Manifest, Model, Quantization, Tokens,
                                      sha256_file)
@@ -40,19 +41,13 @@ def export_model(cfg: ExportConfig) -> Path:
     Returns:
         the export folder, holding manifest.json, the graphs, tokenizer, HF config and reference files.
     """
+    if cfg.dry_run:
+        raise UsageError("a dry run writes nothing: plan it with mtpkit.export.sizes.plan_export(cfg), or pass "
+                         "--dry-run to `mtpkit export`")
     started = time.time()
     import_quietly()
     record = reproduce.record(cfg)  # the flags as given: a re-run adapts the same defaults the same way
-    target_src, drafter_src = resolve(cfg.target, "target", cfg.target_revision), resolve(
-        cfg.drafter, "drafter", cfg.drafter_revision)
-    adapters = target_adapter(target_src), drafter_adapter(drafter_src)
-    target_config = adapters[0].hf_config(target_src)
-    adapters[1].check_compatible(target_config, adapters[1].hf_config(drafter_src))  # before loading any weights
-    cfg = cfg.fitted(target_config.max_position_embeddings, _drafter_k(drafter_src))
-    _check_tokenizer(target_src)
-    if cfg.calibration is not None:  # before any weights load, not at the quantize step
-        calibration.check_file(cfg.calibration, target_src.folder / "tokenizer.json", target_config.sliding_window)
-    _check_files(target_src, drafter_src)
+    cfg, (target_src, drafter_src), adapters, _ = prepare(cfg)
     estimate = preflight.check(cfg, target_src, drafter_src)  # before any weights load or --out is touched
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     lock, tmp = outdir.claim(cfg.out, cfg.force), None  # one writer per folder; removes a killed run's leftovers
@@ -70,6 +65,24 @@ def export_model(cfg: ExportConfig) -> Path:
     log.info("export finished in %.1f s, peak RSS %s (estimated %s)", time.time() - started,
              human_bytes(phases.as_dict()["peak_rss_mb"] * MB), human_bytes(estimate.peak_bytes))
     return cfg.out
+
+
+def prepare(cfg: ExportConfig) -> tuple[ExportConfig, tuple[Source, Source], tuple, tuple]:
+    """What an export checks before any weight loads (an export that passes these starts loading): the checkpoints
+    resolved, their families' adapters, the drafter matched to the target, the shape defaults fitted, the
+    tokenizer, the calibration file and the safetensors headers. Returns (cfg fitted, (target, drafter) sources,
+    their adapters, their HF configs)."""
+    target_src, drafter_src = resolve(cfg.target, "target", cfg.target_revision), resolve(
+        cfg.drafter, "drafter", cfg.drafter_revision)
+    adapters = target_adapter(target_src), drafter_adapter(drafter_src)
+    configs = adapters[0].hf_config(target_src), adapters[1].hf_config(drafter_src)
+    adapters[1].check_compatible(*configs)
+    cfg = cfg.fitted(configs[0].max_position_embeddings, _drafter_k(drafter_src))
+    _check_tokenizer(target_src)
+    if cfg.calibration is not None:  # before any weights load, not at the quantize step
+        calibration.check_file(cfg.calibration, target_src.folder / "tokenizer.json", configs[0].sliding_window)
+    _check_files(target_src, drafter_src)
+    return cfg, (target_src, drafter_src), adapters, configs
 
 
 def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate, record: dict) -> PhaseLog:

@@ -28,7 +28,7 @@ MEASURED = "measured"  # the manifest's section of measured figures, left out of
 # what writes or shapes the files of every export: the loaded model, the reference, its tokenization, the arrays;
 # each backend module adds its own (PACKAGES in export/backends/<kind>/)
 COMMON_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
-UNRECORDED = ("out", "force")  # where an export goes, not what it is
+UNRECORDED = ("out", "force", "dry_run")  # where an export goes, not what it is; a dry run writes none
 PATH_FLAGS = ("target", "drafter", "calibration")
 _BLOCK = 1 << 22  # bytes compared at a time
 

@@ -109,3 +109,23 @@ def litertlm_texts(path: str, max_new: int, capfd) -> dict[bool, str]:
         ran_drafter = "MTP Drafter" in capfd.readouterr().err
         assert ran_drafter == speculative, "speculative decoding did not run the drafter section"
     return texts
+
+
+def planned_and_written(folder, quant: str, out) -> tuple[dict[str, tuple[int, int]], object]:
+    """(file -> (bytes `mtpkit export --dry-run` plans for it, bytes on disk; a graph with its .data file), the plan)
+    for an export folder, planned from the checkpoints and flags its manifest records, under --quant `quant` (a
+    derived copy records its float export's flags). out: a path that does not exist (the dry run's --out)."""
+    from pathlib import Path
+
+    from mtpkit.export.config import ExportConfig
+    from mtpkit.export.sizes import plan_export
+    from mtpkit.runtime.manifest import load_manifest
+
+    folder, flags = Path(folder), dict(load_manifest(folder).export["flags"])
+    plan = plan_export(ExportConfig(**{**flags, "quant": quant, "drafter_quant": None, "out": out, "dry_run": True}))
+    sizes = {}
+    for backend in plan.backends.values():
+        for f in backend.files:
+            data = folder / f"{f.name}.data"
+            sizes[f.name] = (f.bytes, (folder / f.name).stat().st_size + (data.stat().st_size if data.exists() else 0))
+    return sizes, plan

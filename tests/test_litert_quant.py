@@ -4,6 +4,7 @@ LiteRT-LM runtime from the rebuilt .litertlm with speculative decoding on."""
 
 from __future__ import annotations
 
+import collections
 import json
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("litert_torch")
 
-from conftest import LITERT_VARIANTS, litertlm_texts, load_tool  # noqa: E402
+from conftest import LITERT_VARIANTS, litertlm_texts, load_tool, planned_and_written  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
 from mtpkit.export import quant_report  # noqa: E402
 from mtpkit.export.backends.litert import quantization as litert_quant  # noqa: E402
@@ -182,6 +183,41 @@ def test_fidelity_is_measured_and_gated_on_the_litert_graphs(quantized):
     assert message.startswith(f"litert {recipe} target: teacher-forced top-1 agreement with the float model is 0.500")
     assert "--no-quality-gate" in message and "\n" not in message
     assert fidelity._gate_failure("litert", {"target_recipe": recipe, "teacher_forced": {**lite, "top1_agreement": 1.0}}) == []
+
+
+def _within_tolerance(sizes: dict) -> None:
+    for file, (planned, written) in sizes.items():
+        assert abs(planned - written) <= 0.03 * written, (file, planned, written)
+
+
+def test_the_size_plan_holds_every_float_file(float_export, tmp_path):
+    """`mtpkit export --dry-run` with the flags the float export was made with: every file of both backends within
+    3% of the written one."""
+    sizes, _ = planned_and_written(float_export, "fp32", tmp_path / "plan")
+    assert {"target.tflite", "model.litertlm", "target.onnx", "embeddings.bin"} <= set(sizes)
+    _within_tolerance(sizes)
+
+
+def test_the_size_plan_holds_every_quantized_file_and_encoding(quantized, tmp_path):
+    """The same under each recipe: every file within 3%, and each graph's weights encoded as its quantizer
+    encoded them (LiteRT's counts per encoding; under int4, ONNX's MatMul weights and tables), the int4 plan's
+    8-bit choices included."""
+    recipe, folder, manifest = quantized
+    sizes, plan = planned_and_written(folder, recipe, tmp_path / "plan")
+    _within_tolerance(sizes)
+    planned = {f.name: f.encodings for b in plan.backends.values() for f in b.files}
+    for name in TFLITE:
+        recorded = collections.Counter()
+        for label, n in manifest.backend("litert").options.quantization[name]["weights"].items():
+            recorded[label.removesuffix("/gptq")] += n
+        assert planned[f"{name}.tflite"] == dict(recorded), name
+    options = manifest.backend("onnx").options
+    if options.quantization:  # int4: each MatMul weight's and table's encoding recorded
+        labels = options.quantization["target"]["tensors"].values()
+        recorded = collections.Counter(label.removesuffix("/gptq") for label in labels)
+        recorded.update(f"{bits}/b32" for bits in options.lookup_tables.values())
+        quantized_files = collections.Counter(planned["target.onnx"]) + collections.Counter(planned["embeddings.bin"])
+        assert {k: v for k, v in quantized_files.items() if k.startswith("int")} == dict(recorded)
 
 
 def test_quantizing_again_changes_nothing(quantized):

@@ -1,7 +1,7 @@
 """A random-weight checkpoint pair with the real E2B or E4B configuration (docs: shared gemma4-architecture.md §4),
 written tensor by tensor, so a 5.1 B-parameter target never sits in memory (not in CI; for the scale bench).
 
-    python tools/random_checkpoint.py OUT --model e2b|e4b [--dtype bf16] [--seed 0]
+    python tools/random_checkpoint.py OUT --model e2b|e4b [--dtype bf16] [--seed 0] [--sparse]
 
 Writes OUT/target (gemma4 hub layout: text weights only, bf16 safetensors shards of <= 2 GB with an index) and
 OUT/drafter (gemma4_assistant), each with make-tiny's byte-level tokenizer extended to the model's 262144 ids (`<unusedN>`: any
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -51,11 +52,15 @@ def drafter_config(text: dict) -> dict:
     return config
 
 
-def write_random(model_cls, config: dict, folder: Path, prefix: str, dtype, seed: int) -> int:
+def write_random(model_cls, config: dict, folder: Path, prefix: str, dtype, seed: int, sparse: bool = False) -> int:
     """Build model_cls(config) on the meta device and write random tensors for its state, shard by shard; prefix
-    replaces a target's leading "model." (the hub's gemma4 layout), "" keeps the names (the drafter's)."""
+    replaces a target's leading "model." (the hub's gemma4 layout), "" keeps the names (the drafter's). sparse:
+    valid safetensors headers over holes (zeros that take no disk space) instead of random values."""
     from safetensors.torch import save_file
     from transformers import AutoConfig
+
+    if sparse:
+        save_file = _save_sparse  # noqa: F811
 
     with torch.device("meta"):
         module = model_cls(AutoConfig.for_model(**config))
@@ -72,7 +77,7 @@ def write_random(model_cls, config: dict, folder: Path, prefix: str, dtype, seed
             shard, shard_bytes = {}, 0
 
     for name, meta in names:
-        tensor = _random(name, meta, dtype, gen)
+        tensor = _Hole(meta, dtype) if sparse else _random(name, meta, dtype, gen)
         key = prefix + name.removeprefix("model.") if prefix else name
         if shard_bytes + tensor.nbytes > SHARD_BYTES:
             flush()
@@ -80,6 +85,35 @@ def write_random(model_cls, config: dict, folder: Path, prefix: str, dtype, seed
     flush()
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}, indent=1))
     return total
+
+
+_SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16", torch.int64: "I64"}
+
+
+class _Hole:
+    """A tensor of a sparse shard: its dtype and shape, no values (the meta tensor's dtype if not floating)."""
+
+    def __init__(self, meta: torch.Tensor, dtype):
+        self.dtype, self.shape = dtype if meta.is_floating_point() else meta.dtype, tuple(meta.shape)
+        self.nbytes = self.numel() * torch.empty((), dtype=self.dtype).element_size()
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def _save_sparse(shard: dict, path: str, metadata: dict) -> None:
+    """A safetensors file of `shard`'s headers whose data is a hole: the size and offsets are those of the real
+    file (mtpkit's header checks pass), the bytes read as zeros and take no disk space."""
+    header, offset = {"__metadata__": metadata}, 0
+    for key, hole in shard.items():
+        header[key] = {"dtype": _SAFETENSORS_DTYPES[hole.dtype], "shape": list(hole.shape),
+                       "data_offsets": [offset, offset + hole.nbytes]}
+        offset += hole.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + offset)
 
 
 def _random(name: str, meta: torch.Tensor, dtype, gen) -> torch.Tensor:
@@ -103,6 +137,9 @@ def main() -> int:
     p.add_argument("--model", choices=sorted(TEXT), default="e2b")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sparse", action="store_true",
+                   help="write the safetensors headers over holes (zeros taking no disk space) instead of random "
+                        "weights: seconds, enough for `mtpkit export ... --dry-run`, useless to export")
     args = p.parse_args()
     from mtpkit.export.scoped import import_quietly
 
@@ -121,7 +158,7 @@ def main() -> int:
     for role, cls, cfg, prefix in (("target", Gemma4ForCausalLM, text, "model.language_model."),
                                    ("drafter", Gemma4AssistantForCausalLM, drafter_cfg, "")):
         folder = args.out / role
-        counts[role] = write_random(cls, cfg, folder, prefix, dtype, args.seed)
+        counts[role] = write_random(cls, cfg, folder, prefix, dtype, args.seed, args.sparse)
         (folder / "config.json").write_text(json.dumps(target_cfg if role == "target" else drafter_cfg, indent=2))
         gen = ({"bos_token_id": make.BOS_ID, "pad_token_id": make.PAD_ID,
                 "eos_token_id": [make.EOS_ID, make.END_OF_TURN_ID]} if role == "target" else

@@ -7,6 +7,8 @@ Each package `export/backends/<kind>/` provides, from its __init__.py,
 - `quantize(folder, backend, recipes, block_size, accuracy_level, ple_bits) -> manifest.Backend`: its float
   graphs rewritten under the recipes (only called for a quantized export);
 - `MEMORY: ExportMemory`: what its phases cost, for the memory preflight (export/preflight.py).
+- `plan_files(job: sizes.SizeJob) -> list[sizes.PlannedFile]`: the bytes of every file its export writes, from the
+  checkpoints' headers alone (`mtpkit export --dry-run`, export/sizes.py).
 - `PACKAGES` (optional): the pip distributions that write its files, whose versions manifest.json records
   (export/reproduce.py).
 The pipeline only orchestrates.

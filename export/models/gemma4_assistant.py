@@ -20,6 +20,19 @@ INT4_COMPENSATE: tuple[str, ...] = ()
 INT4_PLE_PATH: tuple[str, ...] = ()  # no per-layer embeddings
 
 
+# How the centroid head reads its rows of the tied table (selected_logits: an embedding lookup): EMBEDDING_LOOKUP on
+# LiteRT, Gather on ONNX, both quantized at the recipe's draft_table_bits. The size plan reads it here.
+CENTROID_TABLE_USE = "lookup"
+
+
+def stored_in(config, name: str, shape: tuple, backend: str) -> dict[str, set[str]]:
+    """graph -> uses of the checkpoint tensor `name` in `backend`'s graphs (as gemma4_text.stored_in): all in the
+    drafter graph; the tied table is read by the centroid head's gather, or by a dense head's lm_head (matmul)."""
+    if name == "model.embed_tokens.weight":
+        return {"drafter": {CENTROID_TABLE_USE if config.use_ordered_embeddings else "matmul"}}
+    return {"drafter": {"matmul" if len(shape) == 2 else "other"}}
+
+
 def hf_config(source: Source):
     from transformers import AutoConfig
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -151,6 +152,32 @@ def _load_state(model: nn.Module, state: dict, source: Source) -> None:
     if model.model.hidden_size_per_layer_input:
         ple = model.model.embed_tokens_per_layer
         ple.embed_scale = torch.tensor(model.config.hidden_size_per_layer_input**0.5)
+
+
+# Where each backend stores a checkpoint tensor and how the graph there reads it, for the size plan
+# (export/sizes.py): backend -> graph -> uses ("matmul": multiplied whole every call; "lookup": a row per token;
+# "other": norms, scalars), for the keys (after weight_prefix) that are not the default: a 2-D tensor is a "matmul"
+# weight of the target graph, the rest "other". The tied table is the token lookup and the lm_head: export_hf gives
+# each its own LiteRT graph (stored twice), ONNX one copy in embeddings.bin read by both.
+STORED_IN = {
+    "embed_tokens.weight": {"litert": {"embedder": {"lookup"}, "target": {"matmul"}},
+                            "onnx": {"embeddings": {"lookup", "matmul"}}},
+    "embed_tokens_per_layer.weight": {"litert": {"per_layer_embedder": {"lookup"}}, "onnx": {"target": {"lookup"}}},
+}
+
+
+_KV_WEIGHT = re.compile(r"layers\.(\d+)\.self_attn\.(?:k_proj|v_proj|k_norm|v_norm)\.")
+
+
+def stored_in(config, name: str, shape: tuple, backend: str) -> dict[str, set[str]]:
+    """graph -> uses of the checkpoint tensor `name` (its key after weight_prefix) in `backend`'s graphs; {} for a
+    tensor no graph holds: the K/V projections and norms of KV-shared layers, which load() ignores too."""
+    kv = _KV_WEIGHT.match(name)
+    if kv and config.kv_sharing_modes[int(kv.group(1))] == "reuse":
+        return {}
+    if name in STORED_IN:
+        return STORED_IN[name][backend]
+    return {"target": {"matmul" if len(shape) == 2 else "other"}}
 
 
 def kv_layers(config) -> tuple[KVLayer, ...]:

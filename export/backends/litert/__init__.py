@@ -13,10 +13,11 @@ from .graphs import export
 from .memory import MEMORY
 from .parity import check
 from .quantization import quantize
+from .sizes import plan_files
 
 # what writes this backend's files (converter, flatbuffers, the .litertlm) or the figures in its entry (the acceptance
 # runs on ai-edge-litert), recorded with their versions in manifest.json's `export` entry (export/reproduce.py)
 PACKAGES = ("litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer", "litert-lm-builder",
             "flatbuffers")
 
-__all__ = ["MEMORY", "PACKAGES", "check", "export", "quantize"]
+__all__ = ["MEMORY", "PACKAGES", "check", "export", "plan_files", "quantize"]

@@ -29,6 +29,9 @@ from ...progress import progress
 WEIGHT = "w:"  # name prefix of every grafted weight tensor: "w:" + the module's parameter name
 _INPUT = "mtpkit_weight_"  # the signature-input names the converter sees
 _ALIGN = 64
+SLACK = 4096  # room after the first packing of the flatbuffer: packed again with the int8 scales, it must not grow
+# int8 weights' QuantizationParameters, per row at each place (subgraph) reading the weight: kept in the flatbuffer
+INT8_SCALE, INT8_ZERO_POINT = np.dtype(np.float32), np.dtype(np.int64)
 _ROWS_BYTES = 16 << 20  # rows read and encoded per step: each encoding holds a few temporaries of this size
 
 
@@ -121,6 +124,10 @@ class Encoding:
 
     def scale_bytes(self, shape) -> int:
         return 2 * shape[0] * (shape[1] // self.block) if self.kind == "int4" else 0
+
+    def params_bytes(self, shape) -> int:
+        """Flatbuffer bytes at each place reading the weight: int8's per-row scale and zero point."""
+        return shape[0] * (INT8_SCALE.itemsize + INT8_ZERO_POINT.itemsize) if self.kind == "int8" else 0
 
     def encode(self, rows: np.ndarray) -> tuple[bytes, np.ndarray | None]:
         """(data, per-row scales) of a block of rows; rows are independent in every encoding."""
@@ -268,7 +275,8 @@ def _place(model, name, places, shape, enc: Encoding) -> dict:
         tensor.quantization = None
         if enc.kind == "int8":
             q = schema.QuantizationParametersT()
-            q.scale, q.zeroPoint, q.quantizedDimension = np.ones(shape[0], np.float32), np.zeros(shape[0], np.int64), 0
+            q.scale, q.zeroPoint = np.ones(shape[0], INT8_SCALE), np.zeros(shape[0], INT8_ZERO_POINT)
+            q.quantizedDimension = 0
             tensor.quantization = q
             quants.append(q)
         elif enc.kind == "int4":
@@ -329,12 +337,12 @@ def _write(model, plan: list[dict], source, out: Path) -> dict[str, str]:
         if buf.offset > 1 and i not in fresh:
             buf.offset, buf.size = 0, 0
     head = _pack(model)
-    cursor = _aligned(len(head) + 4096)  # slack: the second pack must not be longer
+    cursor = aligned(len(head) + SLACK)
     for p in plan:
         for key, size in (("data", p["enc"].data_bytes(p["shape"])), ("scales", p["enc"].scale_bytes(p["shape"]))):
             if p[key] is not None:
                 model.buffers[p[key]].offset, model.buffers[p[key]].size = cursor, size
-                cursor = _aligned(cursor + size)
+                cursor = aligned(cursor + size)
     head = _pack(model)
     tmp = out.with_name(f".{out.name}.partial")
     encodings = {}
@@ -356,7 +364,7 @@ def _write(model, plan: list[dict], source, out: Path) -> dict[str, str]:
     return encodings
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
@@ -376,7 +384,7 @@ def _write_weight(f, model, p: dict, source) -> str:
             scales.append(scale)
     if enc.kind == "int8":
         for q in p["quants"]:
-            q.scale = np.concatenate(scales).astype(np.float32)
+            q.scale = np.concatenate(scales).astype(INT8_SCALE)
     if enc.kind == "int4":
         f.seek(model.buffers[p["scales"]].offset)
         f.write(np.concatenate(scales).astype(np.float16).tobytes())

@@ -52,7 +52,7 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     accuracy_level is ONNX Runtime's (MatMulNBits) and has no LiteRT counterpart; it is accepted and ignored.
     """
     folder = Path(folder)
-    recipes = {side: recipe_named(r.litert_as) if r.litert_as else r for side, r in recipes.items()}
+    recipes = {side: stored_recipe(r) for side, r in recipes.items()}
     for recipe in recipes.values():
         if recipe.quantized and recipe.litert is None:
             raise ValueError(f"the {recipe.name} recipe has no LiteRT encoding (export/recipes.py `litert`)")
@@ -99,8 +99,7 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
     from .graft import Encoding, graft, read_map
     from .sources import GraftedSource
 
-    if recipe.int4 and name == "per_layer_embedder" and ple_bits == 8:
-        recipe = KEPT_8BIT  # the PLE table keeps 8 bits (see quantize's docstring)
+    recipe = graph_recipe(recipe, name, ple_bits)
     model = schema.ModelT.InitFromPackedBuf(read_map(path), 0)  # the flatbuffer only: weights follow it
     choose, tables = encoding_for(recipe, name, block_size, ple_bits, plan), []
 
@@ -124,8 +123,24 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
     return recipe.name, how
 
 
+def stored_recipe(recipe: Recipe) -> Recipe:
+    """The recipe whose bytes LiteRT stores for `recipe` (its `litert_as`: int8-dynamic is stored as int8)."""
+    return recipe_named(recipe.litert_as) if recipe.litert_as else recipe
+
+
+def graph_recipe(recipe: Recipe, graph: str, ple_bits: int) -> Recipe:
+    """The recipe a graph is quantized with: under int4 the per_layer_embedder keeps 8 bits unless ple_bits is 4
+    (see quantize's docstring)."""
+    return KEPT_8BIT if recipe.int4 and graph == "per_layer_embedder" and ple_bits == 8 else recipe
+
+
 LOOKUP = ("EMBEDDING_LOOKUP", 1)  # a table's use: (op, input) of the ids' rows
 WEIGHT_OPS = {("FULLY_CONNECTED", 1), LOOKUP}  # (op, input) pairs that read a weight
+
+# The (op, input) that reads a weight in the LiteRT graphs for each use a model adapter declares (export/models
+# stored_in): the size plan asks encoding_for about a weight it has not converted yet through these
+OPS = {"matmul": ("FULLY_CONNECTED", 1), "lookup": ("EMBEDDING_LOOKUP", 1), "gather": ("GATHER_ND", 0),
+       "other": ("MUL", 1)}
 
 
 def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, plan=None):

@@ -16,9 +16,10 @@ from .graphs import export
 from .memory import MEMORY
 from .parity import check
 from .quantization import quantize
+from .sizes import plan_files
 
 # what writes this backend's files or the figures in its entry (the acceptance runs on ONNX Runtime), recorded with
 # their versions in manifest.json's `export` entry (export/reproduce.py)
 PACKAGES = ("onnx", "onnxscript", "onnx-ir", "onnxruntime", "protobuf")
 
-__all__ = ["MEMORY", "PACKAGES", "check", "export", "quantize"]
+__all__ = ["MEMORY", "PACKAGES", "check", "export", "plan_files", "quantize"]

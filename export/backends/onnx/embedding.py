@@ -30,6 +30,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .encodings import nbits_layout
+
 MS_DOMAIN = "com.microsoft"
 _TWO_GB = 2 ** 31 - 1
 
@@ -50,7 +52,7 @@ def quantize_blockwise(w: np.ndarray, bits: int, block_size: int) -> tuple[np.nd
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
     n, k = w.shape
-    n_blocks = -(-k // block_size)
+    n_blocks, _ = nbits_layout(k, bits, block_size)
     padded = np.zeros((n, n_blocks * block_size), np.float32)
     padded[:, :k] = w.astype(np.float32)
     blocks = padded.reshape(n, n_blocks, block_size)

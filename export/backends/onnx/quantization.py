@@ -21,6 +21,7 @@ from ...recipes import recipe as recipe_named
 from ...scoped import logger_level, root_logging_kept
 from . import stream
 from .embedding import drop_stale_data, quantize_shared_table, save_with_table_external
+from .encodings import LOOKUP, MATMUL, encoding_for
 from .graphs import EMBEDDINGS_FILE, graph_file, node_count
 
 if TYPE_CHECKING:
@@ -89,24 +90,23 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
 
 
 def _quantize_tables(model: onnx.ModelProto, graph: str, recipe: Recipe, shared_name: str | None,
-                     plan: int4.Int4Plan | None, ple_bits: int, **how: Any) -> tuple:
-    """The graph's float tables, each quantized by embedding.py (`how`: its block_size, accuracy_level and where
-    large tables go): the target's tied table at table_bits (int4's plan may raise it), its per-layer-embedding
-    table at ple_bits under the int recipes, the drafter's lookup table (a centroid head's) at draft_table_bits.
-    Returns (model, the tied table's layout or None, PLE table -> storage, drafter table -> storage)."""
+                     plan: int4.Int4Plan | None, ple_bits: int, block_size: int, **how: Any) -> tuple:
+    """The graph's float tables, each as encodings.encoding_for decides (the decision the size plan reads) and
+    quantized by embedding.py (`how`: its accuracy_level and where large tables go): the target's tied table at
+    table_bits (int4's plan may raise it), its per-layer-embedding table at ple_bits under the int recipes, the
+    drafter's lookup table (a centroid head's) at draft_table_bits. Returns (model, the tied table's layout or
+    None, PLE table -> storage, drafter table -> storage)."""
+    choose = encoding_for(recipe, graph, block_size, ple_bits, plan)
     layout, ple, drafted = None, {}, {}
-    if shared_name and recipe.table_bits:  # the tied table quantized once: lm_head, lookup and host
-        bits = plan.bits(shared_name) if plan else recipe.table_bits
-        model, layout = quantize_shared_table(model, shared_name, bits=bits, **how)
-    if shared_name and recipe.bits is not None:  # the int recipes
-        for table in _lookup_tables(model, exclude=shared_name):  # the PLE table: 8 bits unless asked for 4
-            model, _ = quantize_shared_table(model, table, bits=ple_bits, **how)
-            ple[table] = f"int{ple_bits}"
-    if graph == "drafter" and recipe.draft_table_bits:  # read by a Gather only: no MatMul quantizer reaches it
-        for table in _lookup_tables(model):
-            bits = 8 if plan is not None and plan.bits(table) == 8 else recipe.draft_table_bits
-            model, _ = quantize_shared_table(model, table, bits=bits, **how)
-            drafted[table] = f"int{bits}/b{how['block_size']}"
+    if shared_name and (enc := choose(shared_name, _dims(model, shared_name), {MATMUL, LOOKUP})).kind == "nbits":
+        model, layout = quantize_shared_table(model, shared_name, bits=enc.bits, block_size=enc.block, **how)
+    for table in _lookup_tables(model, exclude=shared_name):
+        if (enc := choose(table, _dims(model, table), {LOOKUP})).kind == "nbits":
+            model, _ = quantize_shared_table(model, table, bits=enc.bits, block_size=enc.block, **how)
+            if graph == "drafter":
+                drafted[table] = enc.label
+            else:
+                ple[table] = f"int{enc.bits}"
     return model, layout, ple, drafted
 
 
@@ -176,11 +176,8 @@ def _fp16(model):
 
 
 def _lookup_tables(model, exclude: str | None = None) -> list[str]:
-    """2-D float initializers read only by Gather (the per-layer-embedding table, the drafter's centroid-head
-    table), other than `exclude`.
-
-    A 4-bit PLE table produced garbage in other Gemma 4 toolchains, so that one keeps 8 bits unless asked for 4.
-    """
+    """2-D float initializers read only by Gather (the per-layer-embedding table, the drafter's centroid rows), other
+    than `exclude`; encoding_for says which are quantized."""
     import onnx
 
     floats = {t.name for t in model.graph.initializer
@@ -191,6 +188,10 @@ def _lookup_tables(model, exclude: str | None = None) -> list[str]:
             if name in floats:
                 readers.setdefault(name, set()).add((node.op_type, i))
     return sorted(name for name, uses in readers.items() if uses == {("Gather", 0)})
+
+
+def _dims(model, name: str) -> tuple[int, ...]:
+    return tuple(next(t.dims for t in model.graph.initializer if t.name == name))
 
 
 def _external_initializer(path: Path, location: str) -> str | None:

@@ -19,6 +19,7 @@ import torch
 
 from ... import int4
 from ...progress import progress
+from .encodings import matmul_bits, nbits_layout
 
 # onnx_ir's writer materializes at most this many bytes of lazy tensors at once
 IN_FLIGHT_BYTES = 256 << 20
@@ -187,7 +188,7 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
         tensor = b.const_value if b is not None and b.is_initializer() else None
         if tensor is None or b.name in skip or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
             continue
-        wbits = plan.bits(b.name) if plan is not None else bits
+        wbits = matmul_bits(bits, plan, b.name)
         search = plan is not None and plan.searched and wbits == 4
         quant = _Packed(tensor, wbits, block_size, search, plan.importance_of(b.name) if search else None)
         chosen[b.name] = int4.label(wbits, block_size, quant.importance)
@@ -208,7 +209,7 @@ def _replace_matmul(graph, node, b, quant, block_size: int, accuracy_level: int)
     import onnx_ir as ir
 
     (k, n), bits = b.const_value.shape, quant.bits
-    blocks, blob = -(-k // block_size), block_size * bits // 8
+    blocks, blob = nbits_layout(k, bits, block_size)
     packed = ir.Value(name=f"{b.name}_Q{bits}", shape=ir.Shape([n, blocks, blob]),
                       type=ir.TensorType(ir.DataType.UINT8), const_value=ir.LazyTensor(
                           lambda q=quant: ir.tensor(q.get(0)), dtype=ir.DataType.UINT8,
@@ -272,11 +273,11 @@ def _quantize(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
 
     k, n = w.shape
-    blocks = -(-k // block_size)
+    blocks, blob = nbits_layout(k, bits, block_size)
     if blocks * block_size != k:
         w = np.pad(w, ((0, blocks * block_size - k), (0, 0)))
     w = np.ascontiguousarray(w, np.float32)
-    packed = np.zeros((n, blocks, block_size * bits // 8), np.uint8)
+    packed = np.zeros((n, blocks, blob), np.uint8)
     scales = np.zeros((n, blocks), np.float32)
     zero_points = np.zeros((n, -(-blocks * bits // 8)), np.uint8)
     kernel = quantize_matmul_8bits if bits == 8 else quantize_matmul_4bits
@@ -288,7 +289,7 @@ def _searched(w: np.ndarray, block_size: int, importance: np.ndarray | None) -> 
     """MatMulNBits' 4-bit (packed, scales) of w [K, N] from export/int4.py's codes: code + 8 (the op's default
     zero point), two per byte along K, the low nibble first; K zero-padded to whole blocks."""
     k, n = w.shape
-    blocks = -(-k // block_size)
+    blocks, _ = nbits_layout(k, 4, block_size)
     pad = blocks * block_size - k
     rows = np.pad(np.asarray(w, np.float32).T, ((0, 0), (0, pad)))  # [N, K]: a row per output, as the op stores
     weight = None if importance is None else np.pad(np.asarray(importance, np.float32), (0, pad))  # [k] or [k, k]

@@ -1,0 +1,218 @@
+"""The size plan behind `mtpkit export --dry-run`: the bytes of every file an export writes and the memory a runtime
+needs to decode with it, from the checkpoints' configs and safetensors headers alone (names, shapes, dtypes; no
+weight is read, nothing is written).
+
+Each checkpoint tensor's copies come from its model adapter (`stored_in`: which graph of a backend holds it and which
+op reads it there); each backend's `plan_files` (export/backends/<kind>/sizes.py) encodes them with the function its
+quantizer decides by (LiteRT: quantization.encoding_for, ONNX: encodings.encoding_for), so a recipe is planned as it
+is exported, and adds the graph structure (ops, protobuf, alignment, bundle metadata), modelled by constants measured
+on the tiny exports. The int4 plan's 8-bit choices depend on names alone (calibration.kept_8bit), not on the
+calibration, so they are predicted exactly.
+
+Memory, per backend (one runtime): the weights every call of a graph reads (resident), the tables read a row per
+token (memory-mapped: only the rows used are paged in), the graph structure, and the KV cache the runtime
+preallocates: every KV-owning layer at the full capacity, float32 (runtime/backends/: both backends hold sliding
+layers at the capacity too, though a sliding layer reads only its last window of it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import calibration, int4
+from .backends import backend_module
+from .checkpoint import tensor_headers
+from .phases import human_bytes
+
+FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors dtypes the graphs hold as float weights
+INDEX_BYTES = 8  # integer tensors (the centroid head's token ordering) are indices: the graphs hold them as int64
+ROW_USES = frozenset({"lookup", "gather"})  # a table read a row per token: memory-mapped, not resident
+KV_BYTES = 4  # the KV cache is float32 (manifest.json's quantization.kv_cache)
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A checkpoint tensor, from its safetensors header, and its copies in one backend's graphs."""
+
+    side: str  # target | drafter
+    name: str  # its checkpoint key (the target's after the adapter's weight_prefix)
+    shape: tuple[int, ...]
+    dtype: str  # safetensors dtype
+    stored: dict[str, frozenset[str]]  # graph -> the uses reading it there (the adapter's stored_in)
+
+    @property
+    def index_bytes(self) -> int | None:
+        """Bytes of an integer tensor as the graphs hold it; None for a float weight (its encoding decides)."""
+        return None if self.dtype in FLOATS else INDEX_BYTES * math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class SizeJob:
+    """What a backend's plan_files reads."""
+
+    cfg: Any  # ExportConfig, its shape defaults fitted to the model
+    weights: tuple[Weight, ...]
+    plans: dict  # side -> export/int4.Int4Plan (int4 recipes): the names-only plan, no calibration
+    target_config: Any  # the HF text config
+    drafter_config: Any
+    target_folder: Path  # its tokenizer files travel into the LiteRT bundle
+    kv_layers: tuple  # the target's KV-owning layers (manifest KVLayer)
+
+    def side(self, graph_side: str) -> tuple[Weight, ...]:
+        return tuple(w for w in self.weights if w.side == graph_side)
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    name: str
+    bytes: int  # predicted size on disk
+    side: str | None  # the runtime call that reads it: target | drafter; None: a package of the other files
+    read: int = 0  # weight bytes every call of its graph reads (resident)
+    rows: int = 0  # bytes of tables read a row per token (memory-mapped)
+    encodings: dict[str, int] = field(default_factory=dict)  # encoding -> how many weights it stores so
+    note: str = ""
+
+
+def tally(name: str, side: str | None, parts: list[tuple[frozenset, str, int]], structure: int,
+          note: str = "") -> PlannedFile:
+    """A graph file from its weights' (uses, encoding, bytes) and the bytes of everything else in it."""
+    encodings: dict[str, int] = {}
+    for _, label, _ in parts:
+        encodings[label] = encodings.get(label, 0) + 1
+    rows = sum(n for uses, _, n in parts if uses <= ROW_USES)
+    read = sum(n for _, _, n in parts) - rows
+    return PlannedFile(name, read + rows + structure, side, read, rows, dict(sorted(encodings.items())), note)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What one runtime holds to decode with a backend's files."""
+
+    target_read: int  # weight bytes a target call reads (one per token decoding plainly, one per verify round)
+    drafter_read: int  # weight bytes a drafter step reads
+    mapped: int  # tables read a row per token: memory-mapped, only the rows used are paged in
+    structure: int  # graph files' bytes that are not weights (ops, protobuf, alignment): resident
+    kv: int  # the KV cache, as the runtime preallocates it
+    kv_window: int  # the KV cache if sliding layers held only their window (no runtime does today)
+
+    @property
+    def resident(self) -> int:
+        return self.target_read + self.drafter_read + self.structure + self.kv
+
+
+@dataclass(frozen=True)
+class BackendPlan:
+    kind: str
+    files: tuple[PlannedFile, ...]
+    memory: Memory
+
+    @property
+    def total(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    cfg: Any  # ExportConfig, fitted
+    backends: dict[str, BackendPlan]
+    kv_layers: tuple  # the target's KV-owning layers (manifest KVLayer)
+    sliding_window: int
+
+    def render(self) -> str:
+        """What `mtpkit export --dry-run` prints: each backend's files, then the memory to decode with them."""
+        cfg, layers = self.cfg, self.kv_layers
+        lines = ["dry run: sizes from the checkpoints' configs and safetensors headers (no weight read, nothing "
+                 "written); graph structure from constants measured on the tiny exports",
+                 f"  target {cfg.target}, drafter {cfg.drafter}",
+                 f"  --quant {cfg.quant}, --drafter-quant {cfg.drafter_quant}, --ple-quant {cfg.ple_quant}, "
+                 f"--block-size {cfg.block_size}, --max-cache-len {cfg.max_cache_len} ({len(layers)} KV layers)"]
+        if any(r.int4 for r in cfg.recipes.values()):
+            lines.append("  int4: the weights kept at 8 bits are chosen by name, not by the calibration (which picks "
+                         "scales): the plan holds for any calibration")
+        for backend in self.backends.values():
+            lines += ["", *_files_lines(backend), *_memory_lines(backend.memory, cfg.max_cache_len, len(layers),
+                                                                  self.sliding_window)]
+        return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    return f"{n:>15,} B {human_bytes(n):>8}"
+
+
+def _files_lines(backend: BackendPlan) -> list[str]:
+    lines = [f"{backend.kind}"]
+    for f in backend.files:
+        stored = ", ".join(f"{label} x{n}" for label, n in f.encodings.items())
+        lines.append(f"  {f.name:<28}{_size(f.bytes)}  {stored}{'; ' if stored and f.note else ''}{f.note}")
+    lines.append(f"  {'all files':<28}{_size(backend.total)}")
+    return lines
+
+
+def _memory_lines(m: Memory, capacity: int, layers: int, window: int) -> list[str]:
+    rows = [("weights read per target call", m.target_read, "once per token, or per verify round"),
+            ("weights read per drafter step", m.drafter_read, "its gathered table is counted as mapped"),
+            ("tables, memory-mapped", m.mapped, "a row per token is read: resident only as used"),
+            ("graph structure", m.structure, "ops, protobuf, alignment"),
+            ("KV cache", m.kv, f"{layers} layers x {capacity} positions, float32 (sliding layers held at "
+                               f"their window of {window}: {human_bytes(m.kv_window)})"),
+            ("resident", m.resident, "weights read, structure and KV cache; the mapped tables add the rows used")]
+    return [f"  decoding at --max-cache-len {capacity}, one runtime:",
+            *(f"    {name:<30}{_size(n)}  {why}" for name, n, why in rows)]
+
+
+def plan_export(cfg) -> SizePlan:
+    """`mtpkit export ... --dry-run`: the export's checks before any weight loads (pipeline.prepare), then the size
+    plan of every backend it would write, from the checkpoints' headers. Reads no weight, writes nothing."""
+    from .pipeline import prepare
+
+    cfg, sources, adapters, configs = prepare(cfg)
+    plans = int4_plans(cfg, adapters)
+    layers = adapters[0].kv_layers(configs[0])
+    backends = {}
+    for kind in cfg.backend:
+        job = SizeJob(cfg, read_weights(sources, adapters, configs, kind), plans, configs[0], configs[1],
+                      sources[0].folder, layers)
+        files = tuple(backend_module(kind).plan_files(job))
+        backends[kind] = BackendPlan(kind, files, memory(files, layers, cfg.max_cache_len, configs[0].sliding_window))
+    return SizePlan(cfg, backends, layers, configs[0].sliding_window)
+
+
+def read_weights(sources: tuple, adapters: tuple, configs: tuple, backend: str) -> tuple[Weight, ...]:
+    """Every checkpoint tensor the export loads (the target's under its adapter's weight_prefix, as
+    preflight.read_weights counts them) with its copies in `backend`'s graphs; tensors no graph holds are left out."""
+    out = []
+    for side, src, adapter, config in zip(("target", "drafter"), sources, adapters, configs):
+        prefix = adapter.weight_prefix(src) if side == "target" else ""
+        for key, header in tensor_headers(src.folder).items():
+            if not key.startswith(prefix):
+                continue
+            name, shape = key[len(prefix):], tuple(header["shape"])
+            stored = {graph: frozenset(uses) for graph, uses in
+                      adapter.stored_in(config, name, shape, backend).items()}
+            if stored:
+                out.append(Weight(side, name, shape, header["dtype"], stored))
+    return tuple(out)
+
+
+def int4_plans(cfg, adapters: tuple) -> dict:
+    """Each int4 side's plan as far as names decide it: which weights keep 8 bits (calibration only picks scales)."""
+    return {side: int4.plan(recipe, calibration.kept_8bit(adapter, cfg.ple_bits, recipe))
+            for (side, recipe), adapter in zip(cfg.recipes.items(), adapters) if recipe.int4}
+
+
+def kv_bytes(layers, capacity: int, window: int | None = None) -> int:
+    """K and V of every KV-owning layer at `capacity` positions, float32; sliding layers at `window` when given."""
+    return sum(2 * KV_BYTES * d.kv_heads * d.head_dim * (min(capacity, window) if window and
+                                                        d.type == "sliding_attention" else capacity) for d in layers)
+
+
+def memory(files: tuple[PlannedFile, ...], layers, capacity: int, sliding_window: int) -> Memory:
+    """A runtime's memory for these files: packages (the LiteRT bundle, for LiteRT-LM) are not loaded beside them."""
+    loaded = [f for f in files if f.side is not None]
+    read = {side: sum(f.read for f in loaded if f.side == side) for side in ("target", "drafter")}
+    return Memory(target_read=read["target"], drafter_read=read["drafter"], mapped=sum(f.rows for f in loaded),
+                  structure=sum(f.bytes - f.read - f.rows for f in loaded), kv=kv_bytes(layers, capacity),
+                  kv_window=kv_bytes(layers, capacity, sliding_window))
