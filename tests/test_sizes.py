@@ -89,9 +89,9 @@ def test_a_dry_run_reads_only_the_headers_and_writes_nothing(tiny_checkpoints, t
 
 
 def test_the_centroid_tables_encoding_follows_the_use_its_adapter_declares(tiny_checkpoints, tmp_path, monkeypatch):
-    """The drafter's centroid table is read through a gather today (float32 in every recipe); declared a lookup
-    in its adapter, the plan encodes it as the LiteRT quantizer encodes an EMBEDDING_LOOKUP table, with no
-    planner change."""
+    """The drafter's centroid table is read through a lookup (its adapter says so): the plan encodes it as the
+    LiteRT quantizer encodes an EMBEDDING_LOOKUP table; declared a gather, which no quantizer rewrites, it would be
+    planned float32, with no planner change either way."""
     pytest.importorskip("litert_torch")
     from mtpkit.export.models import gemma4_assistant
     from mtpkit.export.sizes import plan_export
@@ -103,9 +103,10 @@ def test_the_centroid_tables_encoding_follows_the_use_its_adapter_declares(tiny_
     def drafter_file():
         return next(f for f in plan_export(cfg).backends["litert"].files if f.name == "drafter.tflite")
 
-    gathered = drafter_file()
-    monkeypatch.setattr(gemma4_assistant, "CENTROID_TABLE_USE", "lookup")
+    assert gemma4_assistant.CENTROID_TABLE_USE == "lookup"
     looked_up = drafter_file()
+    monkeypatch.setattr(gemma4_assistant, "CENTROID_TABLE_USE", "gather")
+    gathered = drafter_file()
     assert looked_up.encodings["int4/b32"] == gathered.encodings["int4/b32"] + 1
     assert looked_up.encodings["float32"] == gathered.encodings["float32"] - 1
     assert looked_up.bytes < gathered.bytes and looked_up.rows < gathered.rows
