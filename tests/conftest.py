@@ -122,7 +122,9 @@ def planned_and_written(folder, quant: str, out) -> tuple[dict[str, tuple[int, i
     from mtpkit.runtime.manifest import load_manifest
 
     folder, flags = Path(folder), dict(load_manifest(folder).export["flags"])
-    plan = plan_export(ExportConfig(**{**flags, "quant": quant, "drafter_quant": None, "out": out, "dry_run": True}))
+    # a derived copy takes its recipe's own --ple-quant (derive_quantized), not the float export's recorded one
+    plan = plan_export(ExportConfig(**{**flags, "quant": quant, "drafter_quant": None, "ple_quant": None, "out": out,
+                                       "dry_run": True}))
     sizes = {}
     for backend in plan.backends.values():
         for f in backend.files:
