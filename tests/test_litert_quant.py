@@ -212,10 +212,14 @@ def test_the_size_plan_holds_every_quantized_file_and_encoding(quantized, tmp_pa
             recorded[label.removesuffix("/gptq")] += n
         assert planned[f"{name}.tflite"] == dict(recorded), name
     options = manifest.backend("onnx").options
-    if options.quantization:  # int4: each MatMul weight's and table's encoding recorded
+    if "target" in (options.quantization or {}):  # int4 / mobile: each MatMul weight's and table's encoding recorded
+        from mtpkit.export.recipes import CHANNELWISE_ONNX_BLOCK
+        from mtpkit.export.recipes import recipe as recipe_named
+
+        block = CHANNELWISE_ONNX_BLOCK if recipe_named(recipe).channelwise else 32
         labels = options.quantization["target"]["tensors"].values()
         recorded = collections.Counter(label.removesuffix("/gptq") for label in labels)
-        recorded.update(f"{bits}/b32" for bits in options.lookup_tables.values())
+        recorded.update(f"{bits}/b{block}" for bits in options.lookup_tables.values())
         quantized_files = collections.Counter(planned["target.onnx"]) + collections.Counter(planned["embeddings.bin"])
         assert {k: v for k, v in quantized_files.items() if k.startswith("int")} == dict(recorded)
 
