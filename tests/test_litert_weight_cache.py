@@ -132,7 +132,8 @@ def test_a_second_engine_maps_the_cache_and_decodes_the_same(litert_exports, tmp
     from mtpkit.runtime.engine import Engine, GenConfig
 
     export = tmp_path / "export"
-    shutil.copytree(litert_exports(LITERT_VARIANTS[0]), export)
+    # without the caches other tests' engines wrote beside the shared export
+    shutil.copytree(litert_exports(LITERT_VARIANTS[0]), export, ignore=shutil.ignore_patterns(f"*{SUFFIX}"))
     prompt, cfg = [2] + list(range(40, 60)), GenConfig(max_new_tokens=12, mtp=True, num_assistant_tokens=3)
 
     def decode(**options):  # type: ignore[no-untyped-def]
