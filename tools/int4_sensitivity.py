@@ -63,6 +63,11 @@ def measure(model, float_sd: dict, weights: dict, four: set[str], importance: di
         value = torch.from_numpy((_int4(w, importance.get(weight_key(names) or "")) if names in four
                                   else _int8(w)).astype(np.float32))
         state.update(dict.fromkeys(names.split(" = "), value))
+    return agreement(model, float_sd, state, windows, want)
+
+
+def agreement(model, float_sd: dict, state: dict, windows, want) -> dict:
+    """top-1 / mean KL against the float logits `want` with `state` loaded over the float weights (restored after)."""
     model.load_state_dict({**float_sd, **state})
     agree, kl = [], []
     with torch.no_grad():

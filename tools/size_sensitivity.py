@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from int4_sensitivity import PAIR, held_out_windows  # noqa: E402
+from int4_sensitivity import PAIR, agreement, held_out_windows  # noqa: E402
 
 # E2B target parameters per kind and the width their scales run along (gemma4-architecture.md §6)
 E2B = {"ple": (2348.8e6, 8960), "lookup": (402.7e6, 1536), "head": (402.7e6, 1536), "att": (278.4e6, 1536),
@@ -194,15 +194,8 @@ def _measure(model, float_sd, importance, windows, want, choice, compensate_more
         block = block if block and value.shape[1] % block == 0 else C
         state[name] = torch.from_numpy(fake_quant(value.double().numpy(), bits, block, importance.get(key or ""),
                                                   compensated).astype(np.float32))
-    model.load_state_dict({**float_sd, **state})
-    agree, kl = [], []
-    with torch.no_grad():
-        for ids, ref in zip(windows, want):
-            got = model(torch.tensor([ids])).logits[0].double()
-            agree.append((got.argmax(-1) == ref.argmax(-1)).numpy())
-            kl.append(torch.sum(ref.softmax(-1) * (ref.log_softmax(-1) - got.log_softmax(-1)), -1).numpy())
-    model.load_state_dict(float_sd)
-    return float(np.concatenate(agree).mean()), float(np.concatenate(kl).mean())
+    scores = agreement(model, float_sd, state, windows, want)
+    return scores["top1"], scores["kl"]
 
 
 if __name__ == "__main__":
