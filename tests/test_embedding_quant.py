@@ -137,3 +137,39 @@ def test_tables_are_quantized_a_slab_of_rows_at_a_time_with_the_same_result(tmp_
     tensor.data_location = TensorProto.EXTERNAL
     mapped = onnx_embedding._table(tensor, str(tmp_path))
     assert isinstance(mapped, np.memmap) and np.array_equal(mapped, w)
+
+
+def _lookup_graph(w: np.ndarray) -> onnx.ModelProto:
+    """A table read by a Gather alone (the PLE table's, the drafter's centroid table's use)."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "input_ids"], ["embeds"], name="lookup", axis=0)], "lookup",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "T"])],
+        [helper.make_tensor_value_info("embeds", TensorProto.FLOAT, [1, "T", w.shape[1]])],
+        [numpy_helper.from_array(w, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("bits,block_size,h", [(4, 32, 64), (8, 32, 64), (4, 64, 96)])
+def test_a_lookup_only_table_keeps_float16_scales_and_float32_rows(tmp_path, bits, block_size, h):
+    """half_scales: the scales stored in float16, GatherBlockQuantized's float16 rows cast back to float32, each
+    row the codes times the float16 scales (to float16's rounding); a table an lm_head also reads is refused."""
+    from mtpkit.export.backends.onnx.embedding import dequantize_blockwise
+
+    rng = np.random.default_rng(bits + h)
+    w = (0.05 * rng.standard_normal((64, h))).astype(np.float32)
+    model, layout = quantize_shared_table(_lookup_graph(w), "table", bits, block_size, 0, half_scales=True)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    scales, packed = inits[layout["initializer_scales"]], inits[layout["initializer_data"]]
+    assert scales.dtype == np.float16 and [n.op_type for n in model.graph.node][-2 if h % block_size else -1] == "Cast"
+    onnx.save(model, str(tmp_path / "lookup.onnx"))
+    ids = np.array([[0, 5, 63, 5]], np.int64)
+    rows, = ort.InferenceSession(str(tmp_path / "lookup.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids})
+    assert rows.dtype == np.float32
+    want = dequantize_blockwise(packed, scales, bits, block_size, h)[ids[0]]
+    np.testing.assert_allclose(rows[0], want, rtol=2 ** -10, atol=1e-7)
+    assert np.abs(rows[0] - w[ids[0]]).max() <= np.abs(w).max() / (7 if bits == 4 else 127)  # within a step
+    with pytest.raises(ValueError, match="lm_head"):
+        quantize_shared_table(_tied_graph(w), "embed_weight", bits, block_size, 0, half_scales=True)

@@ -160,8 +160,9 @@ def test_int8_dynamic_quantizes_every_weight_matmul_and_stays_lossless(tiny_expo
 @pytest.mark.parametrize("recipe", ["int8", "int4", "int4-rtn", "int8-dynamic"])
 def test_the_drafters_centroid_table_is_4_bit_under_every_int_recipe(tiny_exports, tmp_path, recipe):
     """The centroid head's table is read by a Gather alone, which no MatMul quantizer reaches: it becomes
-    GatherBlockQuantized at the recipe's draft_table_bits (4), named in the manifest, and the drafter is smaller
-    than under the same recipe with that table float32 by 7/8 of it, less its scales."""
+    GatherBlockQuantized at the recipe's draft_table_bits (4) with float16 scales (its rows cast back to float32),
+    named in the manifest, and the drafter is smaller than under the same recipe with that table float32 by 7/8 of
+    it, less its scales."""
     import onnx
 
     src = tiny_exports("e2b_gemma4_centroid")
@@ -178,14 +179,16 @@ def test_the_drafters_centroid_table_is_4_bit_under_every_int_recipe(tiny_export
     codes, scales = initializers[reshape.input[0]], initializers[lookup.input[2]]
     rows, blocks, blob = codes.dims
     assert codes.data_type == onnx.TensorProto.UINT8 and blob == 32 * 4 // 8 and list(scales.dims) == [rows, blocks]
-    assert scales.data_type == onnx.TensorProto.FLOAT  # the float table's own dtype
+    assert scales.data_type == onnx.TensorProto.FLOAT16  # a lookup-only table: half the scale bytes
+    cast, = [n for n in graph.node if lookup.output[0] in n.input]
+    assert cast.op_type == "Cast" and onnx.helper.get_attribute_value(cast.attribute[0]) == onnx.TensorProto.FLOAT
     tables = onnx_backend.options.quantization["drafter"]["tables"]
     assert list(tables.values()) == ["int4/b32"] and onnx_backend.options.min_onnxruntime == "1.21"
     kept = _quantized_copy(src, tmp_path / "kept", dataclasses.replace(recipe_named(recipe), draft_table_bits=None))
     assert "tables" not in (kept.backend("onnx").options.quantization or {}).get("drafter", {})
     saved = kept.backend("onnx").graphs["drafter"].bytes - onnx_backend.graphs["drafter"].bytes
     width = blocks * 32  # the tiny drafter's hidden size is a multiple of the block
-    expected = 4 * rows * width * 7 // 8 - 4 * rows * blocks  # 4-bit codes, a float32 scale per block of 32
+    expected = 4 * rows * width * 7 // 8 - 2 * rows * blocks  # 4-bit codes, a float16 scale per block of 32
     assert abs(saved - expected) < 4096 + 1024, (saved, expected)  # the external data's alignment, the new nodes
 
 

@@ -40,12 +40,13 @@ def _zero_point(bits: int) -> int:
     return 1 << (bits - 1)  # 8 for int4, 128 for int8: both ops' default for uint8 data without zero_points
 
 
-def quantize_blockwise(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def quantize_blockwise(w: np.ndarray, bits: int, block_size: int,
+                       scale_dtype: np.dtype | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric blockwise quantization of w [N, K] along K.
 
     Returns:
         packed uint8 [N, n_blocks, block_size * bits // 8] (MatMulNBits B layout, K zero-padded to
-        n_blocks * block_size, 4-bit codes low nibble first), scales [N, n_blocks] in w's dtype.
+        n_blocks * block_size, 4-bit codes low nibble first), scales [N, n_blocks] in scale_dtype (default w's).
     """
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits}")
@@ -59,7 +60,7 @@ def quantize_blockwise(w: np.ndarray, bits: int, block_size: int) -> tuple[np.nd
     qmax = (1 << (bits - 1)) - 1
     amax = np.abs(blocks).max(axis=-1)
     # the scale is rounded to the stored dtype first, so codes are computed against the scale the ops use
-    scales = (amax / qmax).astype(w.dtype)
+    scales = (amax / qmax).astype(scale_dtype or w.dtype)
     s = scales.astype(np.float32)[..., None]
     safe = np.where(s == 0, np.float32(1), s)
     codes = np.clip(np.rint(blocks / safe), -qmax, qmax).astype(np.int32) + _zero_point(bits)
@@ -101,16 +102,17 @@ def _table(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
                      shape=tuple(tensor.dims))
 
 
-def _quantize_rows(w: np.ndarray, bits: int, block_size: int, rows: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+def _quantize_rows(w: np.ndarray, bits: int, block_size: int, scale_dtype: np.dtype | None = None,
+                   rows: int = 8192) -> tuple[np.ndarray, np.ndarray]:
     """quantize_blockwise, a slab of rows at a time (blocks never cross rows): the same result without an fp32
     copy of the whole table."""
-    first_packed, first_scales = quantize_blockwise(np.asarray(w[:rows]), bits, block_size)
+    first_packed, first_scales = quantize_blockwise(np.asarray(w[:rows]), bits, block_size, scale_dtype)
     packed = np.empty((len(w), *first_packed.shape[1:]), np.uint8)
     scales = np.empty((len(w), first_scales.shape[1]), first_scales.dtype)
     packed[:rows], scales[:rows] = first_packed, first_scales
     for start in range(rows, len(w), rows):
         packed[start:start + rows], scales[start:start + rows] = quantize_blockwise(
-            np.asarray(w[start:start + rows]), bits, block_size)
+            np.asarray(w[start:start + rows]), bits, block_size, scale_dtype)
     return packed, scales
 
 
@@ -181,8 +183,8 @@ def _find_uses(graph: onnx.GraphProto, initializer: str, w: np.ndarray):
 
 
 def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, block_size: int,
-                          accuracy_level: int, base_dir: str | None = None,
-                          data_file: str | None = None) -> tuple[onnx.ModelProto, dict]:
+                          accuracy_level: int, base_dir: str | None = None, data_file: str | None = None,
+                          half_scales: bool = False) -> tuple[onnx.ModelProto, dict]:
     """Replace the tied table `initializer` W [V, H] by one block-quantized copy read by both of its uses: the
     lm_head as MatMulNBits, the lookup as GatherBlockQuantized over Reshape(B) as uint8 with its `bits` attribute
     (ORT >= 1.21).
@@ -193,6 +195,8 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
         bits: 4 or 8. block_size: 16/32/64/128/... (power of two). accuracy_level: MatMulNBits's (0..4).
         data_file: a file in base_dir the quantized table is appended to as external data when it is large
             (E2B's int8 PLE table is 2.35 GB: over protobuf's 2 GB message limit); None keeps it in the proto.
+        half_scales: float16 scales for a table read by Gathers only (GatherBlockQuantized then outputs
+            float16, cast back to W's dtype): half the scale bytes, E2B's PLE table 0.15 GB less at int8/b32.
     Returns:
         (model, layout): the model edited in place, and how the host can dequantize one row:
         {"initializer_data", "initializer_scales", "bits", "block_size", "shape": [V, H], "n_blocks",
@@ -208,7 +212,9 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
     gathers, heads, dead = _find_uses(graph, initializer, w)
     if not gathers and not heads:
         raise RuntimeError(f"{initializer} has neither a Gather nor an lm_head use")
-    packed, scales = _quantize_rows(w, bits, block_size)
+    if half_scales and heads:  # MatMulNBits needs scales of its input's type
+        raise ValueError(f"{initializer} feeds an lm_head MatMul: its scales stay {w.dtype}")
+    packed, scales = _quantize_rows(w, bits, block_size, np.dtype(np.float16) if half_scales else None)
     table = _Packed(initializer, _unique(graph, f"{initializer}_q{bits}"), _unique(graph, f"{initializer}_scales"),
                     bits, block_size, w.shape, packed.shape)
     new_inits = [_initializer(packed, table.data, base_dir, data_file),
@@ -216,7 +222,8 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
     index = {id(n): i for i, n in enumerate(graph.node)}
     new_nodes = {index[id(node)]: _head_nodes(graph, node, kind, table, accuracy_level, w.dtype, new_inits)
                  for node, kind in heads}  # index of the replaced node -> its replacement(s)
-    new_nodes.update(_gather_nodes(graph, gathers, table, index, new_inits))
+    new_nodes.update(_gather_nodes(graph, gathers, table, index, new_inits, cast_to=None if scales.dtype == w.dtype
+                                   else helper.np_dtype_to_tensor_dtype(w.dtype)))
     _rebuild(model, new_nodes, dead, {initializer}, new_inits)
     v, h = w.shape
     layout = {"initializer_data": table.data, "initializer_scales": table.scales, "bits": bits,
@@ -268,9 +275,10 @@ def _head_nodes(graph, node, kind: str, table: _Packed, accuracy_level: int, dty
     return nodes
 
 
-def _gather_nodes(graph, gathers: list, table: _Packed, index: dict, new_inits: list) -> dict[int, list]:
-    """Each lookup as GatherBlockQuantized over the packed rows (one Reshape before the first), sliced back to H
-    where the rows were padded to whole blocks."""
+def _gather_nodes(graph, gathers: list, table: _Packed, index: dict, new_inits: list,
+                  cast_to: int | None = None) -> dict[int, list]:
+    """Each lookup as GatherBlockQuantized over the packed rows (one Reshape before the first), cast to `cast_to`
+    where the scales' type is not the table's, sliced back to H where the rows were padded to whole blocks."""
     if not gathers:
         return {}
     (v, h), name = table.shape, table.name
@@ -282,11 +290,14 @@ def _gather_nodes(graph, gathers: list, table: _Packed, index: dict, new_inits: 
         out = node.output[0]
         padded = table.n_blocks * table.block_size != h
         gbq_out = _unique(graph, out + "_padded") if padded else out
+        rows = _unique(graph, out + "_half") if cast_to is not None else gbq_out
         nodes = [reshape] if i == 0 else []
-        nodes.append(helper.make_node("GatherBlockQuantized", [flat, node.input[1], table.scales], [gbq_out],
+        nodes.append(helper.make_node("GatherBlockQuantized", [flat, node.input[1], table.scales], [rows],
                                       name=_unique(graph, (node.name or "embed") + "_GatherBlockQuantized"),
                                       domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
                                       block_size=table.block_size, bits=table.bits))
+        if cast_to is not None:
+            nodes.append(helper.make_node("Cast", [rows], [gbq_out], to=cast_to))
         if padded:  # K was zero-padded to whole blocks: drop the pad columns
             names = [_unique(graph, out + s) for s in ("_starts", "_ends", "_axes")]
             for nm, val in zip(names, (0, h, -1)):

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from ...recipes import CHANNELWISE_ONNX_BLOCK, Recipe
 
 MATMUL, LOOKUP = "matmul", "lookup"
-SCALE_BYTES = 4  # MatMulNBits' and the tables' scales are float32, as the float graph's weights
+SCALE_BYTES = 4  # MatMulNBits' scales are float32, as the float graph's weights (and the tied table's, read by both)
+LOOKUP_SCALE_BYTES = 2  # a table read by Gathers only keeps float16 scales (GatherBlockQuantized's output, cast)
 DYNAMIC_ROW_BYTES = 5  # quantize_dynamic's per-channel int8: a float32 scale and an int8 zero point per column
 
 
@@ -24,13 +25,14 @@ class Encoding:
     kind: str  # float32 | float16 | nbits (MatMulNBits / GatherBlockQuantized blocks) | int8-channel (dynamic)
     bits: int = 0  # nbits only
     block: int = 0
+    scale_bytes: int = SCALE_BYTES  # nbits only: float32, or float16 for a table read by lookups alone
 
     def nbytes(self, shape) -> int:
         """Bytes stored for a weight of checkpoint shape `shape` (scales included)."""
         rows, width = shape[0] if shape else 1, math.prod(shape[1:])
         if self.kind == "nbits":
             blocks, blob = nbits_layout(width, self.bits, self.block)
-            return rows * blocks * (blob + SCALE_BYTES)
+            return rows * blocks * (blob + self.scale_bytes)
         if self.kind == "int8-channel":
             return rows * (width + DYNAMIC_ROW_BYTES)
         return {"float32": 4, "float16": 2}[self.kind] * rows * width
@@ -57,7 +59,8 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
     recipe's table_bits (the plan's choice under int4); under the int recipes the target's other tables (the
     per-layer-embedding table) at ple_bits;
     int8-dynamic quantizes MatMul weights per channel; fp16 stores every 2-D weight in float16; the rest float32.
-    The drafter's lookup table (a centroid head's) takes draft_table_bits (its plan may keep it at 8). A
+    The drafter's lookup table (a centroid head's) takes draft_table_bits (its plan may keep it at 8). Tables read
+    by lookups alone keep float16 scales. A
     channelwise recipe (mobile) takes ONNX Runtime's largest block, its nearest to one scale per channel."""
     block_size = CHANNELWISE_ONNX_BLOCK if recipe.channelwise else block_size
 
@@ -76,9 +79,10 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
             if not recipe.draft_table_bits:
                 return Encoding("float32")
             return Encoding("nbits", 8 if plan is not None and plan.bits(name) == 8 else recipe.draft_table_bits,
-                            block_size)
+                            block_size, LOOKUP_SCALE_BYTES)
         if LOOKUP in uses:
-            return Encoding("nbits", ple_bits, block_size) if recipe.bits is not None else Encoding("float32")
+            return Encoding("nbits", ple_bits, block_size, LOOKUP_SCALE_BYTES) if recipe.bits is not None \
+                else Encoding("float32")
         if recipe.onnx == "dynamic":
             return Encoding("int8-channel")
         if recipe.onnx == "streamed":

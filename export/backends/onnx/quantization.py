@@ -102,7 +102,8 @@ def _quantize_tables(model: onnx.ModelProto, graph: str, recipe: Recipe, shared_
         model, layout = quantize_shared_table(model, shared_name, bits=enc.bits, block_size=enc.block, **how)
     for table in _lookup_tables(model, exclude=shared_name):
         if (enc := choose(table, _dims(model, table), {LOOKUP})).kind == "nbits":
-            model, _ = quantize_shared_table(model, table, bits=enc.bits, block_size=enc.block, **how)
+            model, _ = quantize_shared_table(model, table, bits=enc.bits, block_size=enc.block,
+                                             half_scales=enc.scale_bytes == 2, **how)
             if graph == "drafter":
                 drafted[table] = enc.label
             else:
