@@ -10,12 +10,14 @@ from __future__ import annotations
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 if TYPE_CHECKING:
+    from mtpkit.runtime.conversation import Conversation as ConversationState
     from mtpkit.runtime.engine import Engine, GenConfig
+    from mtpkit.runtime.stats import Stats
 
-__all__ = ["Generation", "Model", "export_pair", "gen_config", "load"]
+__all__ = ["Conversation", "Generation", "Model", "export_pair", "gen_config", "load"]
 
 
 def export_pair(target: str | Path, drafter: str | Path, out: str | Path, **options) -> Path:
@@ -102,7 +104,8 @@ class Model:
     def generate(self, prompt: str, *, chat: bool = False, **options) -> Generation:
         """Generate a continuation of `prompt`; chat=True wraps it as one user turn in the chat template."""
         cfg = gen_config(**options)
-        return self._generation(self.engine.codec.encode(prompt, chat=chat), cfg)
+        prompt_ids = self.engine.codec.encode(prompt, chat=chat)
+        return self._generation(prompt_ids, self._run(prompt_ids, cfg))
 
     def stream(self, prompt: str, *, chat: bool = False, **options) -> Iterator[str]:
         """Like generate, but yields text deltas as tokens arrive; joined they equal generate's text.
@@ -110,39 +113,103 @@ class Model:
         Arguments are checked now, not at the first next(); stats are in self.last_stats once the iterator ends.
         """
         cfg = gen_config(**options)
-        return self._deltas(self.engine.codec.encode(prompt, chat=chat), cfg)
+        prompt_ids = self.engine.codec.encode(prompt, chat=chat)
+        self.engine.check_request(prompt_ids, cfg)  # now, not at the first next()
+        return self._deltas(self._run(prompt_ids, cfg))
 
     def chat(self, messages: list[dict], **options) -> Generation:
         """The next assistant turn for `messages` ([{"role": "user" | "assistant" | ..., "content": str}, ...]),
-        rendered with the export's chat template."""
-        return self._generation(self.engine.codec.encode_chat(list(messages)), gen_config(**options))
+        rendered with the export's chat template. The cache keeps the previous call's conversation: only what
+        follows the prefix it shares with `messages` is prefilled (the tokens are a fresh prefill's). A
+        conversation that no longer fits raises ConversationFullError (a ValueError); conversation(drop_oldest=
+        True) drops the oldest turns instead."""
+        return self.conversation(messages).reply(**options)
 
     def stream_chat(self, messages: list[dict], **options) -> Iterator[str]:
         """chat(), streamed as text deltas (see stream)."""
-        return self._deltas(self.engine.codec.encode_chat(list(messages)), gen_config(**options))
+        return self.conversation(messages).stream_reply(**options)
 
-    def _generation(self, prompt_ids: list[int], cfg: GenConfig) -> Generation:
-        out = list(self._tokens(prompt_ids, cfg))
-        return Generation(self.engine.codec.decode(out), tuple(out), tuple(prompt_ids), self.last_stats)
+    def conversation(self, messages: list[dict] | None = None, *, drop_oldest: bool = False) -> Conversation:
+        """A chat kept between turns: send(text) answers and remembers; `messages` starts its history."""
+        from mtpkit.runtime.conversation import Conversation as State
 
-    def _deltas(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[str]:
-        self.engine.check_request(prompt_ids, cfg)  # now, not at the first next()
-        return self._stream_deltas(prompt_ids, cfg)
+        return Conversation(self, State(self.engine, messages, drop_oldest))
 
-    def _stream_deltas(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[str]:
-        from mtpkit.runtime.tokenizer import text_deltas
+    def _run(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[int]:
+        """The engine's token ids for prompt_ids (a generate or stream: nothing reused from a conversation);
+        its Stats are created now, before the first token is asked for."""
+        return self._ids(self.engine.generate(prompt_ids, cfg, self._new_stats()))
 
-        with closing(self._tokens(prompt_ids, cfg)) as tokens:  # a caller that stops early still gets last_stats
-            yield from text_deltas(self.engine.codec, tokens)
-
-    def _tokens(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[int]:
-        from mtpkit.runtime.stats import Stats
-
-        stats = Stats()
-        run = self.engine.generate(prompt_ids, cfg, stats)
+    @staticmethod
+    def _ids(run: Generator[tuple[int, bool], None, None]) -> Iterator[int]:
         try:
             for token, _ in run:
                 yield token
         finally:
             run.close()  # the engine records its call counts when its generator closes
-            self.last_stats = stats.summary()
+
+    def _new_stats(self) -> Stats:
+        """A run's Stats, summarized into last_stats when its tokens end."""
+        from mtpkit.runtime.stats import Stats
+
+        self._stats = Stats()
+        return self._stats
+
+    def _generation(self, prompt_ids: list[int], tokens: Iterator[int]) -> Generation:
+        out = list(self._tokens(tokens))
+        return Generation(self.engine.codec.decode(out), tuple(out), tuple(prompt_ids), self.last_stats)
+
+    def _deltas(self, tokens: Iterator[int]) -> Iterator[str]:
+        from mtpkit.runtime.tokenizer import text_deltas
+
+        with closing(self._tokens(tokens)) as ids:  # a caller that stops early still gets last_stats
+            yield from text_deltas(self.engine.codec, ids)
+
+    def _tokens(self, tokens: Iterator[int]) -> Iterator[int]:
+        try:
+            yield from tokens
+        finally:
+            getattr(tokens, "close", lambda: None)()
+            self.last_stats = self._stats.summary()
+
+
+class Conversation:
+    """Model.conversation(): a chat whose KV cache outlives its turns, so each turn prefills only what is new.
+
+    messages is the history; edit it between turns (a changed earlier message, a dropped last answer to
+    regenerate) and reply() answers it as it stands: the cache rewinds to where the history first differs. Every
+    turn's tokens are those a fresh prefill of the whole conversation gives. drop_oldest: when a turn does not fit
+    the KV capacity, the oldest whole turns go (`dropped` counts them); otherwise ConversationFullError.
+    """
+
+    def __init__(self, model: Model, state: ConversationState):
+        self.model, self.state = model, state
+
+    @property
+    def messages(self) -> list[dict]:
+        return self.state.messages
+
+    @property
+    def dropped(self) -> int:
+        return self.state.dropped
+
+    def reset(self) -> None:
+        self.state.reset()
+
+    def send(self, text: str, **options) -> Generation:
+        """Add a user message, answer it and keep the answer in the history."""
+        return self._generation(self.state.send(text, gen_config(**options), self.model._new_stats()))
+
+    def stream(self, text: str, **options) -> Iterator[str]:
+        """send(), streamed as text deltas; the answer joins the history when the stream ends."""
+        return self.model._deltas(self.state.send(text, gen_config(**options), self.model._new_stats()))
+
+    def reply(self, **options) -> Generation:
+        """The assistant's answer to the history as it stands, kept in it."""
+        return self._generation(self.state.reply(gen_config(**options), self.model._new_stats()))
+
+    def stream_reply(self, **options) -> Iterator[str]:
+        return self.model._deltas(self.state.reply(gen_config(**options), self.model._new_stats()))
+
+    def _generation(self, tokens: Iterator[int]) -> Generation:
+        return self.model._generation(self.state.prompt_ids, tokens)  # the ids fit() rendered for this turn

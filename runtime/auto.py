@@ -268,6 +268,9 @@ class TimedTarget(Generic[View]):
 
     def __init__(self, target: Target[View], meter: CostMeter):
         self._inner, self._meter = target, meter
+        # the next call opens a run (Engine.generate sets it): a prefill even where it starts past 0, after a
+        # conversation's cached turns, so neither its length nor the pause before it reaches the cost model
+        self.opening = False
 
     @property
     def kv(self) -> KVStore[View]:
@@ -291,7 +294,8 @@ class TimedTarget(Generic[View]):
     def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
         out = self._inner.forward(ids, pos)
-        self._meter.target(len(ids), t0, time.perf_counter(), prefill=pos == 0)
+        prefill, self.opening = pos == 0 or self.opening, False
+        self._meter.target(len(ids), t0, time.perf_counter(), prefill=prefill)
         return out
 
 

@@ -11,15 +11,19 @@ from mtpkit.errors import MtpkitError, UsageError
 from .commands import draft_length, export_arguments
 
 if TYPE_CHECKING:
-    from .engine import Engine, GenConfig
+    from .conversation import Conversation
+    from .engine import GenConfig
 
 EPILOG = """Type a message and press Enter: the answer streams to stdout, then the same stats line as `mtpkit run`
-goes to stderr. The whole conversation is rendered with the export's chat template every turn, so it must fit
-the export's KV capacity together with --max-new-tokens; /reset clears the history. An empty line or end of
-input (Ctrl-D) ends the session. Greedy by default; --temperature > 0 samples losslessly.
+goes to stderr. The KV cache is kept between turns: each turn prefills only the new message (the answers are the
+ones a fresh prefill of the whole conversation gives). The conversation must fit the export's KV capacity together
+with --max-new-tokens: when it no longer does, --drop-oldest drops the oldest whole turns (and says so), otherwise
+the turn is refused and /reset clears the history. An empty line or end of input (Ctrl-D) ends the session.
+Greedy by default; --temperature > 0 samples losslessly.
 
 examples:
   mtpkit chat DIR
+  mtpkit chat DIR --drop-oldest --max-new-tokens 256
   mtpkit chat DIR --temperature 0.8 --top-p 0.95 --seed 1 --max-new-tokens 256
   printf 'hello\\nand again\\n' | mtpkit chat DIR --no-mtp 2>/dev/null
 """
@@ -36,26 +40,23 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None, help="reseeds every turn, so a replayed session repeats")
     p.add_argument("--no-mtp", dest="mtp", action="store_false", help="plain decoding, no drafter")
+    p.add_argument("--drop-oldest", action="store_true",
+                   help="when a turn no longer fits the KV cache, drop the oldest whole turns instead of refusing it")
 
 
 def run(args: argparse.Namespace) -> int:
     from .commands import generation_config
+    from .conversation import Conversation
     from .engine import Engine
 
     cfg = generation_config(args)  # bad flags fail (exit 2) before the export opens, not after the first message
-    engine = Engine(args.dir, args.threads, args.backend)
-    history: list[dict] = []
+    conversation = Conversation(Engine(args.dir, args.threads, args.backend), drop_oldest=args.drop_oldest)
     while (text := _read_line()) is not None:
         if text == "/reset":
-            history.clear()
+            conversation.reset()
             print("mtpkit: history cleared", file=sys.stderr, flush=True)
             continue
-        history.append({"role": "user", "content": text})
-        answer = _answer(engine, history, cfg)
-        if answer is None:
-            history.pop()  # that turn never happened; keep the history consistent for /reset or a shorter try
-            continue
-        history.append({"role": "assistant", "content": answer})
+        _answer(conversation, text, cfg)
     return 0
 
 
@@ -74,26 +75,29 @@ def _read_line() -> str | None:
     return text if text.strip() else None
 
 
-def _answer(engine: Engine, history: list[dict], cfg: GenConfig) -> str | None:
-    """Streams the assistant's answer to stdout, then its stats line to stderr, and returns it; None (after one
-    line on stderr) when the turn cannot run, e.g. the conversation no longer fits the export's KV capacity."""
+def _answer(conversation: Conversation, text: str, cfg: GenConfig) -> None:
+    """Streams the assistant's answer to `text` to stdout, then its stats line to stderr; a turn that cannot run
+    (the conversation no longer fits the KV cache) is one line on stderr, and the history stays as it was."""
+    from .conversation import ConversationFullError
     from .stats import Stats, stats_line
     from .tokenizer import text_deltas
 
-    parts: list[str] = []
-    stats = Stats()
+    stats, dropped, streamed = Stats(), conversation.dropped, False
     try:
-        run = engine.generate(engine.codec.encode_chat(list(history)), cfg, stats)
-        for delta in text_deltas(engine.codec, (token for token, _ in run)):
-            parts.append(delta)
+        tokens = conversation.send(text, cfg, stats)
+        if conversation.dropped > dropped:
+            print(f"mtpkit chat: dropped the oldest {conversation.dropped - dropped} turn(s) to fit the KV cache",
+                  file=sys.stderr, flush=True)
+        for delta in text_deltas(conversation.engine.codec, tokens):
+            streamed = True
             sys.stdout.write(delta)
             sys.stdout.flush()
     except MtpkitError as e:  # the session survives: the user can /reset and go on
-        if parts:
+        if streamed:
             print(flush=True)
-        print(f"mtpkit chat: {e}; type /reset to clear the history", file=sys.stderr, flush=True)
-        return None
+        hint = "" if isinstance(e, ConversationFullError) else "; type /reset to clear the history"
+        print(f"mtpkit chat: {e}{hint}", file=sys.stderr, flush=True)
+        return
     print(flush=True)  # end the streamed answer before the stats line on stderr
     sys.stderr.write(stats_line(stats.summary(), cfg.mtp) + "\n")
     sys.stderr.flush()
-    return "".join(parts)

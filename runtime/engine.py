@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generator
 
 from mtpkit.errors import UsageError, check_int
 
@@ -91,6 +91,9 @@ class Engine:
         self.max_draft = self.target.max_draft
         self.codec = TextCodec(self.manifest)
         self.policy: AutoPolicy | None = None  # the auto schedule's state, kept across runs (see auto_policy)
+        # the ids whose K/V the cache holds at positions 0.., and the target's call count when they were left
+        # there: any target call since (calibration, a tool) voids them
+        self.held: tuple[list[int], int] = ([], -1)
 
     @property
     def threads(self) -> dict[str, int]:
@@ -152,6 +155,20 @@ class Engine:
                              f"export's KV capacity of {self.kv.capacity} tokens; shorten them or re-export with a "
                              "larger --max-cache-len")
 
+    def cached_prefix(self, prompt_ids: list[int]) -> int:
+        """How many leading ids of prompt_ids the cache holds already: the longest common prefix with what the
+        last generate left there (nothing if a target call ran since), less one: the last id is always run, its
+        logits give the first token. Positions are a rewind: what lies past the prefix is overwritten."""
+        ids, calls = self.held
+        if calls != self.untimed[0].calls:
+            return 0
+        n = 0
+        for n, (a, b) in enumerate(zip(ids, prompt_ids), 1):
+            if a != b:
+                n -= 1
+                break
+        return max(0, min(n, len(prompt_ids) - 1))
+
     def run(self, prompt_ids: list[int], cfg: GenConfig) -> Stats:
         """Generate to the end for the stats alone (timings, acceptance, calls); the tokens are dropped."""
         stats = Stats()
@@ -159,20 +176,33 @@ class Engine:
             pass
         return stats
 
-    def generate(self, prompt_ids: list[int], cfg: GenConfig, stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
-        """Yields (token, from_draft); fills stats (timings, acceptance, calls) as it goes."""
+    def generate(self, prompt_ids: list[int], cfg: GenConfig, stats: Stats | None = None,
+                 reuse: bool = False) -> Generator[tuple[int, bool], None, None]:
+        """Yields (token, from_draft); fills stats (timings, acceptance, calls) as it goes. reuse: prefill only
+        what follows the prefix the cache holds from the previous generate (cached_prefix); the tokens are the
+        same as without."""
         self.check_request(prompt_ids, cfg)
         stats = stats if stats is not None else Stats()
         sampler = Sampler(cfg.sampling)
         eos = set(self.manifest.eos_ids)
         schedule = self.schedule(cfg) if cfg.mtp else None  # before counting calls: auto may calibrate first
+        start = self.cached_prefix(prompt_ids) if reuse else 0
+        stats.prompt_tokens, stats.cached_tokens = len(prompt_ids), start
         t0, d0 = self.target.calls, self.drafter.calls
+        self.target.opening = True
         if schedule is not None:
             tokens = speculative_generate(self.target, self.drafter, prompt_ids, sampler, schedule, cfg.max_new_tokens,
-                                          eos, cfg.kv_handoff, stats)
+                                          eos, cfg.kv_handoff, stats, start)
         else:
-            tokens = ((t, False) for t in plain_generate(self.target, prompt_ids, sampler, cfg.max_new_tokens, eos))
+            tokens = ((t, False) for t in plain_generate(self.target, prompt_ids, sampler, cfg.max_new_tokens, eos,
+                                                         start))
+        produced: list[int] = []
         try:
-            yield from timed(tokens, stats)
+            for item in timed(tokens, stats):
+                produced.append(item[0])
+                yield item
         finally:  # once per run, also when the caller stops early; not per token
             stats.target_calls, stats.drafter_calls = self.target.calls - t0, self.drafter.calls - d0
+            # every produced token but the newest has its K/V cached; before the first, only what was there
+            self.held = (list(prompt_ids) + produced[:-1] if produced else list(prompt_ids[:start]),
+                         self.untimed[0].calls)

@@ -60,10 +60,12 @@ class DraftSchedule:
 
 def speculative_generate(target: Target[View], drafter: Drafter[View], prompt: list[int], sampler: Sampler,
                          schedule: DraftSchedule, max_new_tokens: int, eos_ids: Container[int],
-                         kv_handoff: str = "clean", stats: Stats | None = None) -> Iterator[tuple[int, bool]]:
-    """Yields (token, from_draft) until EOS or max_new_tokens; the output distribution is the target's."""
+                         kv_handoff: str = "clean", stats: Stats | None = None,
+                         start: int = 0) -> Iterator[tuple[int, bool]]:
+    """Yields (token, from_draft) until EOS or max_new_tokens; the output distribution is the target's. The cache
+    already holds prompt[:start] (a conversation's earlier turns): only the rest is prefilled."""
     stats = stats or Stats()
-    logits, hidden = target.forward(prompt, 0)
+    logits, hidden = target.forward(prompt[start:], start)
     pos, token, h = len(prompt), sampler.pick(logits[-1]), hidden[-1]  # newest token sits at pos, uncached
     produced = 1
     yield token, False
@@ -110,9 +112,9 @@ def _accept(sampler: Sampler, logits: np.ndarray, drafts: list[int], qs: list[np
 
 
 def plain_generate(target: Target[object], prompt: list[int], sampler: Sampler, max_new_tokens: int,
-                   eos_ids: Container[int]) -> Iterator[int]:
-    """The baseline: one target call per token on the same graphs."""
-    logits, _ = target.forward(prompt, 0)
+                   eos_ids: Container[int], start: int = 0) -> Iterator[int]:
+    """The baseline: one target call per token on the same graphs (prompt[:start] already cached)."""
+    logits, _ = target.forward(prompt[start:], start)
     pos, token = len(prompt), sampler.pick(logits[-1])
     yield token
     for _ in range(max_new_tokens - 1):

@@ -35,6 +35,8 @@ class Stats:
     token_latencies_s: list[float] = field(default_factory=list)
     drafts: list[list[int]] = field(default_factory=list)  # every round's drafted tokens, for parity with HF
     per_round: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) of every round
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, already in the KV cache (a conversation's earlier turns): not prefilled
 
     def round(self, drafted: int, accepted: int, drafts: list[int] | None = None) -> None:
         self.rounds += 1
@@ -59,6 +61,7 @@ class Stats:
             "mean_accepted_per_round": self.accepted / self.rounds if self.rounds else None,
             "target_calls": self.target_calls, "drafter_calls": self.drafter_calls,
             "tokens_per_target_call": tokens_per_target_call(self.new_tokens, self.target_calls),
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s,
             "latency_p50_ms": 1e3 * float(np.percentile(lat, 50)), "latency_p95_ms": 1e3 * float(np.percentile(lat, 95)),
             "tokens_per_s": (self.new_tokens - 1) / (self.total_s - self.ttft_s) if self.total_s > self.ttft_s and self.new_tokens > 1 else None,

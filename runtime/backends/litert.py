@@ -252,9 +252,7 @@ class StateTarget:
         return self.session.threads
 
     def positions_needed(self, prompt_len: int, max_new_tokens: int) -> int:
-        n = self.prefill[-1]["num_tokens"]
-        prefill_end = -(-(prompt_len - 1) // n) * n  # padded prefill chunks
-        return max(prefill_end, prompt_len + max_new_tokens + self.max_draft + 1)  # a padded verify may overhang
+        return prompt_len + max_new_tokens + self.max_draft + 1  # a padded verify may overhang
 
     def _call(self, signature: str, ids: list[int], pos: int) -> Feeds:
         if pos + len(ids) > self.kv.capacity:
@@ -276,12 +274,8 @@ class StateTarget:
     def forward(self, ids: list[int], pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Same contract as the ONNX Target; after a prefill only the last row is returned."""
         start = pos  # the logical call covers all of ids, however many graph calls it takes
-        if pos == 0 and len(ids) > 1:
-            n = self.prefill[-1]["num_tokens"]
-            for chunk_start in range(0, len(ids) - 1, n):
-                part = ids[chunk_start:min(chunk_start + n, len(ids) - 1)]
-                self._call(self.prefill[-1]["signature"], part + [0] * (n - len(part)), chunk_start)
-            pos, ids = len(ids) - 1, ids[-1:]
+        if len(ids) > 1 and (pos == 0 or len(ids) > self.max_draft + 1):  # a prompt, or a conversation's next turn
+            pos, ids = self._prefill(ids[:-1], pos), ids[-1:]
         if len(ids) == 1:
             out = self._call("decode", ids, pos)
         else:
@@ -292,6 +286,20 @@ class StateTarget:
         self.calls += 1  # one logical call, as on ONNX: tokens per target call must not depend on prefill chunks
         n = len(ids)
         return out[("logits", None)][0, :n], out[("activations", None)][0, :n]
+
+
+    def _prefill(self, ids: list[int], pos: int) -> int:
+        """ids into the cache from pos in static prefill chunks, padded (the pad's K/V lie past the prompt, masked
+        and overwritten later); where a chunk would overhang the cache, in verify calls, then decode calls."""
+        while ids:
+            for n, signature in ((self.prefill[-1]["num_tokens"], self.prefill[-1]["signature"]),
+                                 (self.max_draft + 1, "verify"), (1, "decode")):
+                if pos + n <= self.kv.capacity or n == 1:
+                    break
+            part, ids = ids[:n], ids[n:]
+            self._call(signature, part + [0] * (n - len(part)), pos)
+            pos += len(part)
+        return pos
 
 
 class StateDrafter:
