@@ -20,8 +20,14 @@ k = 1..--max-draft back to back; prints the cost model's predicted speed-up besi
 Without --prompt/--prompts, benchmarks a built-in set (code, structured, rewrite, prose). A --prompts file has
 one JSON object per line: {"category": "code", "prompt": "def f(x):", "name": "optional"}.
 
+--chat times something else: a scripted 8-turn conversation (runtime/conversation.py keeps the KV cache between
+turns, so each turn prefills only what is new) against a fresh prefill of the same history on a second engine,
+turn by turn; it prints time to first token per turn, checks every turn's tokens are the fresh prefill's, and
+takes --turns, --max-new-tokens (per turn), --threads, --backend and --json.
+
 examples:
   mtpkit bench DIR --out out/bench
+  mtpkit bench DIR --chat --backend litert
   mtpkit bench DIR --prompts prompts.jsonl --max-draft 6 --repeats 5
   mtpkit bench DIR --peers --out out/bench
 
@@ -54,13 +60,23 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="also time transformers generate() (plain, assisted), llama.cpp (plain; with the "
                         "llama-cpp extra) and, for LiteRT exports, LiteRT-LM (speculation off, on) on the same "
                         "prompts, as ratios to mtpkit [needs the export extra]")
+    p.add_argument("--chat", action="store_true", help="time to first token per turn of a scripted 8-turn "
+                   "conversation, the cache kept between turns, beside a fresh prefill of each turn's history")
+    p.add_argument("--turns", type=int, default=None, help="--chat: how many of its 8 scripted turns (default 8)")
     p.add_argument("--out", type=Path, help="write bench.json, bench.md and bench.png to this folder")
     p.add_argument("--json", dest="json_file", type=Path, help="also write the full report to this file")
 
 
 def run(args: argparse.Namespace) -> int:
+    from mtpkit.errors import UsageError
+
     from .report import Progress, print_bench, write_report
     from .sweep import BenchConfig, load_prompts, run_bench
+
+    if args.chat:
+        return _chat(args)
+    if args.turns is not None:
+        raise UsageError("--turns counts the turns of --chat; add --chat or drop --turns")
 
     run_peers = _peers(args) if args.peers else None  # first: without the [export] extra, one line at once
     cfg = BenchConfig(repeats=args.repeats, max_new_tokens=args.max_new_tokens, max_draft=args.max_draft,
@@ -94,3 +110,24 @@ def _peers(args: argparse.Namespace):
 
     resolve_sources(load_manifest(args.dir, verify=False))  # the bench opens (and checks) the export itself
     return run_peers
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from mtpkit.errors import UsageError
+
+    from .chat import TURNS, ChatBenchConfig, format_chat_bench, run_chat_bench
+    from .report import Progress
+
+    if args.peers or args.prompt or args.prompts or args.out:
+        raise UsageError("--chat takes --turns, --max-new-tokens, --threads, --backend and --json; drop --peers, "
+                         "--prompt, --prompts and --out")
+    cfg = ChatBenchConfig(max_new_tokens=args.max_new_tokens, turns=args.turns or len(TURNS))
+    progress = Progress(getattr(args, "quiet", False))
+    try:
+        report = run_chat_bench(args.dir, cfg, args.threads, args.backend, progress)
+    finally:
+        progress.close()
+    if args.json_file:
+        args.json_file.write_text(json.dumps(report, indent=2) + "\n")
+    print(format_chat_bench(report))
+    return 0
