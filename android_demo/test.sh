@@ -180,8 +180,9 @@ TEST_CP=$J/junit-jupiter-api.jar:$J/apiguardian-api.jar:$J/opentest4j.jar:$J/jun
 rm -f "$BUILD"/*.jar
 kc "$DEMO/core/src/main/kotlin" -d "$BUILD/core.jar"
 kc "$DEMO/desktop/src/main/kotlin" -cp "$BUILD/core.jar:$J/jna.jar" -d "$BUILD/desktop.jar"
-kc "$DEMO/core/src/test/kotlin" "$DEMO/desktop/src/test/kotlin" \
-  -cp "$BUILD/core.jar:$BUILD/desktop.jar:$J/jna.jar:$TEST_CP" -d "$BUILD/tests.jar"
+# with the app's one Android-free file that a test checks against the Python runtime (ChatTurnsTest)
+kc "$DEMO/core/src/test/kotlin" "$DEMO/desktop/src/test/kotlin" "$DEMO/app/src/jvmTest/kotlin" \
+  "$DEMO/app/src/main/kotlin/mtpkit/demo/ChatTurns.kt" -cp "$BUILD/core.jar:$BUILD/desktop.jar:$J/jna.jar:$TEST_CP" -d "$BUILD/tests.jar"
 for jar in core desktop tests; do [ -f "$BUILD/$jar.jar" ] || { echo "android_demo: kotlinc failed ($jar)"; exit 1; }; done
 
 # --- checks outside JUnit: core stays platform-free; the app's manifest and res/ link with aapt2 ------------
