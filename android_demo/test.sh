@@ -169,6 +169,10 @@ derive_quantized(Path(sys.argv[1]), Path(sys.argv[2]), ("int8", "int4"), 32)' "$
   echo "$STAMP" >"$BUILD/tiny_export.stamp"
 fi
 QEXPORT=$BUILD/quantized/int8-int4
+# the Python runtime's multi-turn conversation on that export (ids per turn), which ConversationParityTest replays
+CONVERSATION=$BUILD/conversation_reference.json
+.venv/bin/python "$DEMO/desktop/src/test/python/conversation_reference.py" "$EXPORT" "$CONVERSATION" \
+  >"$BUILD/conversation.log" 2>&1 || { cat "$BUILD/conversation.log"; failed=1; summary; exit 1; }
 
 # --- build: core alone (no JNA, no Android on its classpath), then desktop, then both test sets --------------
 kc() { "$K/bin/kotlinc" -jvm-target 17 -nowarn "$@" 2>&1 | { grep -v '^warning:' || true; }; }
@@ -176,8 +180,9 @@ TEST_CP=$J/junit-jupiter-api.jar:$J/apiguardian-api.jar:$J/opentest4j.jar:$J/jun
 rm -f "$BUILD"/*.jar
 kc "$DEMO/core/src/main/kotlin" -d "$BUILD/core.jar"
 kc "$DEMO/desktop/src/main/kotlin" -cp "$BUILD/core.jar:$J/jna.jar" -d "$BUILD/desktop.jar"
-kc "$DEMO/core/src/test/kotlin" "$DEMO/desktop/src/test/kotlin" \
-  -cp "$BUILD/core.jar:$BUILD/desktop.jar:$J/jna.jar:$TEST_CP" -d "$BUILD/tests.jar"
+# with the app's one Android-free file that a test checks against the Python runtime (ChatTurnsTest)
+kc "$DEMO/core/src/test/kotlin" "$DEMO/desktop/src/test/kotlin" "$DEMO/app/src/jvmTest/kotlin" \
+  "$DEMO/app/src/main/kotlin/mtpkit/demo/ChatTurns.kt" -cp "$BUILD/core.jar:$BUILD/desktop.jar:$J/jna.jar:$TEST_CP" -d "$BUILD/tests.jar"
 for jar in core desktop tests; do [ -f "$BUILD/$jar.jar" ] || { echo "android_demo: kotlinc failed ($jar)"; exit 1; }; done
 
 # --- checks outside JUnit: core stays platform-free; the app's manifest and res/ link with aapt2 ------------
@@ -205,6 +210,7 @@ set +e
 # dead while ONNX Runtime still reads it gets freed and shows as a parity failure (5 of 6 runs before the fix in
 # OrtGraphSession.run), instead of as a rare SIGSEGV.
 java -Xmx48m -Xmn1m -XX:+UseSerialGC -Dmtpkit.export="$EXPORT" -Dmtpkit.exportQuantized="$QEXPORT" -Dmtpkit.cli="$ROOT/.venv/bin/mtpkit" -Dmtpkit.ortLib="$ORT_LIB" \
+  -Dmtpkit.conversation="$CONVERSATION" \
   -jar $J/junit-platform-console-standalone.jar \
   -cp "$BUILD/core.jar:$BUILD/desktop.jar:$BUILD/tests.jar:$J/jna.jar:$K/lib/kotlin-stdlib.jar" \
   --scan-classpath "$BUILD/tests.jar" --fail-if-no-tests --disable-banner --disable-ansi-colors --details=tree \

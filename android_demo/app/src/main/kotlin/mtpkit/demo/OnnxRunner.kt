@@ -1,6 +1,8 @@
 package mtpkit.demo
 
 import ai.djl.huggingface.tokenizers.HuggingFaceTokenizer
+import mtpkit.core.ChatMessage
+import mtpkit.core.Conversation
 import mtpkit.core.Engine
 import mtpkit.core.GenConfig
 import mtpkit.core.ModelManifest
@@ -8,30 +10,36 @@ import mtpkit.core.OnnxPair
 import mtpkit.core.Stats
 import java.io.File
 
-/** An mtpkit ONNX export folder driven by core's loop; the tokenizer (DJL over HF tokenizers) is app-side. */
+/**
+ * An mtpkit ONNX export folder driven by core's loop as a chat: one KV cache and one core Conversation for the
+ * whole history, so each turn prefills only what is new. The tokenizer (DJL over HF tokenizers) is app-side.
+ */
 class OnnxRunner(dir: File, threads: Int = Runtime.getRuntime().availableProcessors()) : AutoCloseable {
-    val manifest = ModelManifest.load(dir) // checks schema_version and every graph's sha256
+    // checks schema_version and every file's sha256, the template's too; then that the app can render the template
+    val manifest = ModelManifest.load(dir).also { ChatTurns.check(it) }
     private val session = OrtAndroidSession(manifest, threads)
     // what DJL's newInstance(Path) does for a file; java.nio.file.Path is API 26 and test.sh compiles against 23
     private val tokenizer = manifest.path(manifest.tokenizerFile).inputStream()
         .use { HuggingFaceTokenizer.newInstance(it, null) }
+    private val pair = OnnxPair(manifest, session) // the conversation's KV buffers, kept across turns
+    // the oldest whole turns go when the history outgrows the export's KV capacity
+    val conversation = Conversation(Engine(manifest, pair.target, pair.drafter), ::encodeChat, ::decode, dropOldest = true)
 
-    /** Ids as runtime/tokenizer.py encodes a plain prompt: no special tokens, then bos prepended. */
-    fun encode(text: String): IntArray {
-        val ids = tokenizer.encode(text, false, false).ids.map { it.toInt() }
-        val bos = manifest.bos
-        return (if (manifest.addBos && bos != null && ids.firstOrNull() != bos) listOf(bos) + ids else ids).toIntArray()
+    /** Ids of the history in the chat template, as runtime/tokenizer.py encode_chat gives them (bos first). */
+    fun encodeChat(messages: List<ChatMessage>): IntArray {
+        val ids = tokenizer.encode(ChatTurns.render(messages), false, false).ids.map { it.toInt() }
+        return (listOfNotNull(manifest.bos) + ids).toIntArray()
     }
 
-    /** Streams the decoded text so far after every token; [stats] is live (calls, acceptance, timings). */
-    fun generate(prompt: String, cfg: GenConfig, stats: Stats, onText: (String) -> Unit) {
-        val pair = OnnxPair(manifest, session) // fresh KV buffers per request
-        val out = ArrayList<Long>()
-        for (emitted in Engine(manifest, pair.target, pair.drafter).generate(encode(prompt), cfg, stats)) {
-            out.add(emitted.token.toLong())
-            onText(tokenizer.decode(out.toLongArray(), true))
-        }
+    fun decode(ids: List<Int>): String = tokenizer.decode(LongArray(ids.size) { ids[it].toLong() }, true)
+
+    /** Sends one user message; streams the answer's text so far after every token; [stats] is live. */
+    fun send(text: String, cfg: GenConfig, stats: Stats, onText: (String) -> Unit) {
+        for (emitted in conversation.send(text, cfg, stats)) onText(conversation.messages.last().content)
     }
+
+    /** Forgets the history; the next turn prefills from the first position. */
+    fun reset() = conversation.reset()
 
     override fun close() {
         session.close()

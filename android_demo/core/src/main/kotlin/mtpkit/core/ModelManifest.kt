@@ -69,6 +69,8 @@ data class ModelManifest(
     val tokenizerFile: String = "tokenizer.json", // what an app's tokenizer loads (core does not tokenize)
     val bos: Int? = null,
     val addBos: Boolean = true, // prepend bos to a plain (non-chat) prompt, as runtime/tokenizer.py does
+    val chatTemplateFile: String? = null, // the export's chat template (Jinja), when its checkpoint had one
+    val chatTemplateSha256: String? = null,
 ) {
     fun path(name: String): File = File(root, name)
 
@@ -127,6 +129,8 @@ data class ModelManifest(
                 tokenizerSha256 = d.obj("tokenizer").string("sha256"),
                 bos = d.obj("tokens").optInt("bos"),
                 addBos = d.obj("tokenizer").map["add_bos"] as? Boolean ?: true,
+                chatTemplateFile = d.obj("tokenizer").optString("chat_template_file"),
+                chatTemplateSha256 = d.obj("tokenizer").optString("chat_template_sha256"),
             )
         }
 
@@ -144,12 +148,15 @@ data class ModelManifest(
         }
 
         /** Mirrors verify_files in runtime/manifest.py: a modified export is refused before it runs. Checks every
-         *  file the app reads: the ONNX graphs and their data files, and the tokenizer. */
+         *  file the app reads: the ONNX graphs and their data files, the tokenizer and the chat template. */
         fun verifyFiles(m: ModelManifest) {
             for ((name, g) in m.onnx.graphs) {
                 for ((file, digest) in mapOf(g.file to g.sha256) + g.dataFiles) verifyFile(m, "onnx $name graph file", file, digest)
             }
             verifyFile(m, "tokenizer file", m.tokenizerFile, m.tokenizerSha256)
+            if (m.chatTemplateFile != null && m.chatTemplateSha256 != null) {
+                verifyFile(m, "chat template", m.chatTemplateFile, m.chatTemplateSha256)
+            }
         }
 
         private fun verifyFile(m: ModelManifest, what: String, file: String, digest: String) {

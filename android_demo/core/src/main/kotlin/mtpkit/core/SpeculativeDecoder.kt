@@ -29,10 +29,13 @@ class DraftSchedule(val kind: String = "constant", k: Int = 4, val maxDraft: Int
     }
 }
 
-/** Greedy speculative decoding: yields tokens until EOS or [maxNewTokens]; the output equals the target's greedy output. */
-fun speculativeGenerate(target: Target, drafter: Drafter, prompt: IntArray, schedule: DraftSchedule,
-                        maxNewTokens: Int, eosIds: Set<Int>, stats: Stats = Stats()): Sequence<Emitted> = sequence {
-    val prefill = target.forward(prompt, 0)
+/**
+ * Greedy speculative decoding: yields tokens until EOS or [maxNewTokens]; the output equals the target's greedy
+ * output. The cache already holds prompt[0:start] (a conversation's earlier turns): only the rest is prefilled.
+ */
+fun speculativeGenerate(target: Target, drafter: Drafter, prompt: IntArray, schedule: DraftSchedule, maxNewTokens: Int,
+                        eosIds: Set<Int>, stats: Stats = Stats(), start: Int = 0): Sequence<Emitted> = sequence {
+    val prefill = target.forward(prompt.copyOfRange(start, prompt.size), start)
     var pos = prompt.size // the newest token sits at pos, not yet in the cache
     var token = argmax(prefill.logits.last())
     var h = prefill.activations.last()
@@ -81,10 +84,11 @@ private fun verify(logits: List<FloatArray>, drafts: IntArray): Pair<Int, Int> {
     return drafts.size to argmax(logits[drafts.size])
 }
 
-/** The baseline: one target call per token on the same graphs. */
-fun plainGenerate(target: Target, prompt: IntArray, maxNewTokens: Int, eosIds: Set<Int>): Sequence<Emitted> = sequence {
+/** The baseline: one target call per token on the same graphs (prompt[0:start] already cached). */
+fun plainGenerate(target: Target, prompt: IntArray, maxNewTokens: Int, eosIds: Set<Int>,
+                  start: Int = 0): Sequence<Emitted> = sequence {
     var pos = prompt.size
-    var token = argmax(target.forward(prompt, 0).logits.last())
+    var token = argmax(target.forward(prompt.copyOfRange(start, prompt.size), start).logits.last())
     yield(Emitted(token, false))
     repeat(maxNewTokens - 1) {
         if (token in eosIds) return@sequence

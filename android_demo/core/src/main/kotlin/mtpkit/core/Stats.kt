@@ -11,6 +11,8 @@ class Stats {
     val draftedAt = ArrayList<Int>() // index i: rounds that drafted position i+1
     val acceptedAt = ArrayList<Int>() // index i: rounds whose draft i+1 was accepted
     val drafts = ArrayList<List<Int>>() // every round's drafted tokens
+    var promptTokens = 0
+    var cachedTokens = 0 // leading prompt ids whose K/V an earlier turn left in the cache: not prefilled again
     var targetCalls = 0
     var drafterCalls = 0
     var newTokens = 0

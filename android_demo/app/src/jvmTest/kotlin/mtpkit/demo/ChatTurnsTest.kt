@@ -1,0 +1,51 @@
+package mtpkit.demo
+
+import mtpkit.core.ChatMessage
+import mtpkit.core.Json
+import mtpkit.core.ModelManifest
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertThrows
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.Test
+import java.io.File
+import java.nio.file.Files
+
+/**
+ * The app's Kotlin rendering of the history (ChatTurns, compiled here on its own: the rest of the app needs
+ * Android) against the Python runtime's Jinja rendering of the tiny export's chat template, for every turn of the
+ * reference conversation (-Dmtpkit.conversation; android_demo/test.sh writes it) and the edited one.
+ */
+class ChatTurnsTest {
+    private fun prop(name: String) = System.getProperty(name) ?: error("set -D$name (android_demo/test.sh does)")
+    private val manifest = ModelManifest.load(File(prop("mtpkit.export")))
+    private val reference = Json.parse(File(prop("mtpkit.conversation")).readText()) as Map<*, *>
+
+    @Test
+    fun rendersEveryTurnAsThePythonRuntimeRendersTheTemplate() {
+        val turns = (reference["turns"] as List<*>) + listOf(reference["edited"])
+        for ((i, turn) in turns.withIndex()) {
+            val t = turn as Map<*, *>
+            val messages = (t["messages"] as List<*>).map { m ->
+                (m as Map<*, *>).let { ChatMessage(it["role"] as String, it["content"] as String) }
+            }
+            // turn i answers i earlier exchanges and a user message; the edited one replaces the last answer
+            assertEquals(2 * minOf(i, turns.size - 2) + 1, messages.size, "turn ${i + 1}: messages")
+            assertEquals(t["rendered"], reference["bos_token"] as String + ChatTurns.render(messages), "turn ${i + 1}")
+        }
+    }
+
+    @Test
+    fun acceptsTheExportsTemplateAndRefusesOneItCannotRender() {
+        ChatTurns.check(manifest)
+        val dir = Files.createTempDirectory("chat-template").toFile()
+        try {
+            File(dir, "t.jinja").writeText("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}{% endfor %}")
+            val other = manifest.copy(root = dir, chatTemplateFile = "t.jinja")
+            val e = assertThrows(IllegalArgumentException::class.java) { ChatTurns.check(other) }
+            assertTrue("<start_of_turn>" in e.message!!, e.message)
+            assertThrows(IllegalStateException::class.java) { ChatTurns.check(manifest.copy(chatTemplateFile = null)) }
+        } finally {
+            dir.deleteRecursively()
+        }
+    }
+}
