@@ -91,19 +91,27 @@ def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndar
 
 def _search(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blocks = blocks.astype(np.float32, copy=False)
+    scale = best_scales(blocks, weight, grid)
+    return _codes(blocks, scale).reshape(blocks.shape[0], -1), scale.astype(np.float16)
+
+
+def best_scales(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray, lo: int = -8,
+                hi: int = 7) -> np.ndarray:
+    """Per block of float32 `blocks` [n, blocks, block]: of the scales amax / d for d in grid (as float16 stores
+    them), the one whose codes in [lo, hi] give the least squared error, weighted by `weight` where given."""
     amax = np.abs(blocks).max(axis=2)
     best_scale, best_err = None, None
     for d in grid:
         scale = _stored(amax / d)
-        err = np.square(_codes(blocks, scale) * scale[..., None] - blocks)
+        err = np.square(_codes(blocks, scale, lo, hi) * scale[..., None] - blocks)
         err = (err if weight is None else err * weight).sum(axis=2)
         if best_scale is None:
             best_scale, best_err = scale, err
         else:
             better = err < best_err
             best_scale, best_err = np.where(better, scale, best_scale), np.where(better, err, best_err)
-    n = blocks.shape[0]
-    return _codes(blocks, best_scale).reshape(n, -1), best_scale.astype(np.float16)
+    assert best_scale is not None  # grid is never empty
+    return best_scale
 
 
 def _stored(scale: np.ndarray) -> np.ndarray:
@@ -113,8 +121,8 @@ def _stored(scale: np.ndarray) -> np.ndarray:
     return s.astype(np.float32)
 
 
-def _codes(blocks: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(blocks / scale[..., None]), -8, 7).astype(np.int8)
+def _codes(blocks: np.ndarray, scale: np.ndarray, lo: int = -8, hi: int = 7) -> np.ndarray:
+    return np.clip(np.rint(blocks / scale[..., None]), lo, hi).astype(np.int8)
 
 
 def _normalised(importance: np.ndarray) -> np.ndarray:

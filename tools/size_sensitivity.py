@@ -63,7 +63,7 @@ def e2b_gb(choice: dict) -> float:
 def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bool) -> np.ndarray:
     """w at `bits` (8: symmetric per channel; 4 / 2: scales searched as export/int4.py does, over codes
     -2^(bits-1)..2^(bits-1)-1, GPTQ when compensated and the full moment is known)."""
-    from mtpkit.export.int4 import _inverse_factor, _normalised
+    from mtpkit.export.int4 import _inverse_factor, _normalised, best_scales
 
     w = np.array(w, np.float32)
     if bits == 8:
@@ -78,13 +78,13 @@ def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bo
     diagonal = np.diagonal(importance) if full else importance
     weight = None if diagonal is None else _normalised(diagonal).reshape(1, k // block, block)
     if not (full and compensated):
-        scale = _search(w.reshape(n, k // block, block), weight, grid, lo, hi)
+        scale = best_scales(w.reshape(n, k // block, block), weight, grid, lo, hi)
         return (np.clip(np.rint(w.reshape(n, k // block, block) / scale[..., None]), lo, hi)
                 * scale[..., None]).reshape(n, k)
     factor, out = _inverse_factor(np.asarray(importance, np.float64)), np.empty_like(w)
     for b, start in enumerate(range(0, k, block)):  # GPTQ, as export/int4._compensated
         end = start + block
-        scale = _search(w[:, start:end].reshape(n, 1, block), weight[:, b:b + 1], grid, lo, hi)[:, 0]
+        scale = best_scales(w[:, start:end].reshape(n, 1, block), weight[:, b:b + 1], grid, lo, hi)[:, 0]
         errors = np.empty((n, block), np.float32)
         for j in range(start, end):
             out[:, j] = np.clip(np.rint(w[:, j] / scale), lo, hi) * scale
@@ -92,21 +92,6 @@ def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bo
             w[:, j + 1:end] -= np.outer(errors[:, j - start], factor[j, j + 1:end])
         w[:, end:] -= errors @ factor[start:end, end:]
     return out
-
-
-def _search(blocks, weight, grid, lo: int, hi: int) -> np.ndarray:
-    amax = np.abs(blocks).max(axis=2)
-    best_scale = best_err = None
-    for d in grid:
-        scale = np.maximum((amax / d).astype(np.float16).astype(np.float32), 1e-7)
-        err = np.square(np.clip(np.rint(blocks / scale[..., None]), lo, hi) * scale[..., None] - blocks)
-        err = (err if weight is None else err * weight).sum(axis=2)
-        if best_scale is None:
-            best_scale, best_err = scale, err
-        else:
-            better = err < best_err
-            best_scale, best_err = np.where(better, scale, best_scale), np.where(better, err, best_err)
-    return best_scale
 
 
 def kind_of(name: str, shared: set[int]) -> str | None:
