@@ -100,6 +100,7 @@ class Model:
     def __init__(self, engine: Engine):
         self.engine = engine  # manifest, sessions, KV cache and codec (mtpkit.runtime.engine.Engine)
         self.last_stats: dict | None = None  # Stats.summary() of the latest run, also one stopped early
+        self._answers: dict[str, list[int]] = {}  # answers chat() generated, as ids: the next call renders them so
 
     def generate(self, prompt: str, *, chat: bool = False, **options) -> Generation:
         """Generate a continuation of `prompt`; chat=True wraps it as one user turn in the chat template."""
@@ -133,7 +134,7 @@ class Model:
         """A chat kept between turns: send(text) answers and remembers; `messages` starts its history."""
         from mtpkit.runtime.conversation import Conversation as State
 
-        return Conversation(self, State(self.engine, messages, drop_oldest))
+        return Conversation(self, State(self.engine, messages, drop_oldest, self._answers))
 
     def _run(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[int]:
         """The engine's token ids for prompt_ids (a generate or stream: nothing reused from a conversation);

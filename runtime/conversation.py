@@ -1,9 +1,11 @@
 """A conversation whose KV cache outlives its turns: each turn prefills only what is new.
 
-The messages are rendered with the export's chat template every turn, as a fresh prefill would see them, and the
-engine prefills only the ids after the longest common prefix with what its cache holds (Engine.cached_prefix):
-an edited or regenerated turn rewinds to where the history first differs, the way a rejected draft rewinds. The
-tokens of every turn are therefore the tokens a fresh prefill of the whole conversation gives.
+The messages are rendered with the export's chat template every turn, and the engine prefills only the ids after
+the longest common prefix with what its cache holds (Engine.cached_prefix): an edited or regenerated turn rewinds to
+where the history first differs, the way a rejected draft rewinds. The tokens of every turn are therefore the tokens
+a fresh prefill of the whole rendered conversation gives. An answer the model generated renders as the ids it
+generated, not its text re-tokenized (TextCodec.encode_chat's kept), so the cache holds it as the history renders it;
+an answer whose text was edited renders as text.
 
 When the next turn does not fit the export's KV capacity, the oldest whole turns are dropped (drop_oldest) and
 what remains is prefilled again, or ConversationFullError names both ways out.
@@ -20,6 +22,9 @@ if TYPE_CHECKING:
     from .stats import Stats
 
 
+MAX_ANSWERS = 256  # generated answers remembered as ids (a history longer than this renders the oldest as text)
+
+
 class ConversationFullError(UsageError):
     """The next turn does not fit the export's KV capacity, even after dropping what drop_oldest may drop."""
 
@@ -28,11 +33,14 @@ class Conversation:
     """messages: the history ([{"role", "content"}, ...]), editable between turns; reply() answers its last user
     message and appends the answer. dropped: whole turns dropped so far to fit the cache (drop_oldest)."""
 
-    def __init__(self, engine: Engine, messages: list[dict] | None = None, drop_oldest: bool = False):
+    def __init__(self, engine: Engine, messages: list[dict] | None = None, drop_oldest: bool = False,
+                 answers: dict[str, list[int]] | None = None):
         self.engine, self.drop_oldest = engine, drop_oldest
         self.messages: list[dict] = list(messages or [])
         self.dropped = 0
         self.prompt_ids: list[int] = []  # the latest turn's rendered history
+        # generated answers' text -> their ids without the stop token (shared between Model.chat calls)
+        self.answers: dict[str, list[int]] = {} if answers is None else answers
 
     def reset(self) -> None:
         """Forget the history (the cache is overwritten from the first position by the next turn)."""
@@ -57,13 +65,18 @@ class Conversation:
     def fit(self, cfg: GenConfig) -> list[int]:
         """The rendered history's ids, after dropping the oldest whole turns while it does not fit (drop_oldest)."""
         while True:
-            ids = self.engine.codec.encode_chat(list(self.messages))
+            ids = self.engine.codec.encode_chat(list(self.messages), self._kept())
             needed = self.engine.target.positions_needed(len(ids), cfg.max_new_tokens)
             if needed <= self.engine.kv.capacity:
                 self.prompt_ids = ids
                 return ids
             if not self.drop_oldest or not self._drop_oldest_turn():
                 raise ConversationFullError(self._full_message(needed, cfg, alone=len(self._users()) < 2))
+
+    def _kept(self) -> dict[int, list[int]]:
+        """The assistant messages whose text is an answer this conversation generated: index -> its ids."""
+        return {i: self.answers[m["content"]] for i, m in enumerate(self.messages)
+                if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"] in self.answers}
 
     def _drop_oldest_turn(self) -> bool:
         """Remove the first turn (a user message and what follows it up to the next user message) unless it is
@@ -97,4 +110,10 @@ class Conversation:
         finally:  # an answer cut short (the caller stopped reading) stays in the history as far as it was seen
             run.close()
             if produced:
-                self.messages.append({"role": "assistant", "content": self.engine.codec.decode(produced)})
+                text = self.engine.codec.decode(produced)
+                self.messages.append({"role": "assistant", "content": text})
+                stop = set(self.engine.manifest.eos_ids)
+                self.answers.pop(text, None)  # the newest last: the oldest go first past MAX_ANSWERS
+                self.answers[text] = produced[:-1] if produced[-1] in stop else produced
+                while len(self.answers) > MAX_ANSWERS:
+                    del self.answers[next(iter(self.answers))]

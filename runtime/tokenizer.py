@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from mtpkit.errors import UsageError
@@ -52,9 +53,10 @@ class TextCodec:
             ids = [bos, *ids]
         return ids
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], kept: dict[int, list[int]] | None = None) -> list[int]:
         """Token ids for a conversation ([{"role", "content"}, ...]) rendered with the chat template, ready for
-        the model's next turn."""
+        the model's next turn. kept: for some assistant messages (by index), the ids the model generated for their
+        content (runtime/conversation.py); see _spliced."""
         if not messages:
             raise UsageError("the conversation is empty; pass at least one message")
         for m in messages:  # a clear error instead of jinja's UndefinedError deep in the template
@@ -62,7 +64,30 @@ class TextCodec:
                 raise UsageError(f"each chat message must be a dict with string 'role' and 'content' (got {m!r})")
             _check_text(m["content"])
         text = self.render_chat(messages)
+        spliced = self._spliced(messages, text, kept) if kept else None
+        return spliced if spliced is not None else self._ids(text)
+
+    def _ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes BOS itself
+
+    def _spliced(self, messages: list[dict], text: str, kept: dict[int, list[int]]) -> list[int] | None:
+        """The rendered conversation with each kept answer as the ids the model generated, where the template
+        inserts that answer's text as it is or trimmed (Gemma's `| trim`) and nothing else: the model then reads
+        its own answers as it wrote them (as LiteRT-LM's Conversation does), where text re-tokenized or trimmed
+        would differ from what its cache holds. None (render the text) where the template does more."""
+        marks = {_mark(i): i for i in kept}
+        if "\ue000" in text:  # a message holds our mark's character: no splice rather than a wrong one
+            return None
+        marked = self.render_chat([{**m, "content": _mark(i)} if i in kept else m for i, m in enumerate(messages)])
+        pieces = re.split("(\ue000\\d+\ue001)", marked)
+        if sorted(p for p in pieces if p in marks) != sorted(marks):  # each kept answer rendered once
+            return None
+        for trim in (False, True):
+            content: dict[str, str] = {mark: messages[i]["content"].strip() if trim else messages[i]["content"]
+                                       for mark, i in marks.items()}
+            if "".join(content.get(p, p) for p in pieces) == text:
+                return [t for p in pieces for t in (kept[marks[p]] if p in marks else self._ids(p) if p else [])]
+        return None
 
     def render_chat(self, messages: list[dict]) -> str:
         """The conversation in the chat template, sandboxed and bounded (runtime/chat_template.py)."""
@@ -85,6 +110,11 @@ def _check_text(text: object) -> None:
     except UnicodeEncodeError as e:
         raise UsageError(f"the prompt is not valid UTF-8 (undecodable byte at character {e.start}); pass UTF-8 "
                          "text (or use --prompt-file)") from None
+
+
+def _mark(index: int) -> str:
+    """A placeholder for message `index`'s content (private-use characters: no template trims or escapes them)."""
+    return f"\ue000{index}\ue001"
 
 
 class StreamDecoder:

@@ -170,17 +170,18 @@ def test_greedy_output_is_the_same_for_plain_auto_and_every_k(tiny_exports):
 
 
 def test_chat_bench_times_each_turn_and_checks_it_against_a_fresh_prefill(tiny_exports, tmp_path):
-    """--chat: a row per turn; later turns find the earlier ones cached (at least the previous prompt), and the run
-    would have failed had any turn's tokens differed from a fresh prefill's."""
+    """--chat: a row per turn, medians of --repeats conversations; later turns find the earlier ones cached (the
+    previous prompt and answer), and the run would have failed had any turn's tokens differed from a fresh
+    prefill's."""
     out = tmp_path / "chat.json"
     result = _cli("bench", tiny_exports("e2b_gemma4_centroid"), "--chat", "--turns", "3", "--max-new-tokens", "4",
-                  "--threads", "1", "--json", out)
+                  "--repeats", "2", "--threads", "1", "--json", out)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     turns = report["turns"]
-    assert [t["turn"] for t in turns] == [1, 2, 3] and turns[0]["cached_tokens"] == 0
+    assert [t["turn"] for t in turns] == [1, 2, 3] and turns[0]["cached_tokens"] == 0 and report["repeats"] == 2
     for before, turn in zip(turns, turns[1:]):
-        assert before["prompt_tokens"] <= turn["cached_tokens"] < turn["prompt_tokens"]
+        assert before["prompt_tokens"] + before["new_tokens"] - 1 <= turn["cached_tokens"] < turn["prompt_tokens"]
     assert all(t["ttft_ms"] > 0 and t["fresh_ttft_ms"] > 0 for t in turns) and "| 3 |" in result.stdout
     refused = _cli("bench", tiny_exports("e2b_gemma4_centroid"), "--turns", "3")
     assert refused.returncode == 2 and "add --chat" in refused.stderr

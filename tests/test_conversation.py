@@ -44,11 +44,12 @@ def _converse(export, backend, cfg, turns=TURNS[:3]):
 
 
 def _check_turns(seen) -> None:
-    """Every turn's tokens are a fresh prefill's; a later turn reuses at least the previous turn's prompt (the
-    answer too where its text re-tokenizes to the ids generated)."""
+    """Every turn's tokens are a fresh prefill's; a later turn reuses the previous turn's prompt and answer (the
+    answer renders as the ids generated; the cache holds all but the newest)."""
     for i, (got, want, stats) in enumerate(seen):
         assert got == want, f"turn {i + 1} differs from a fresh prefill"
-        assert stats.cached_tokens >= (seen[i - 1][2].prompt_tokens if i else 0) and (stats.cached_tokens > 0) == (i > 0)
+        before = seen[i - 1][2].prompt_tokens + seen[i - 1][2].new_tokens - 1 if i else 0
+        assert stats.cached_tokens >= before and (stats.cached_tokens > 0) == (i > 0)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -171,8 +172,43 @@ def test_model_chat_reuses_the_previous_calls_conversation(tiny_exports):
     first = model.chat(history, max_new_tokens=8)
     history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": TURNS[1]}]
     second = model.chat(history, max_new_tokens=8)
-    assert model.last_stats["cached_tokens"] > 0 and second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids
+    # the first answer renders as the ids generated, so the second call reuses all of it but the newest id
+    reused = len(first.prompt_ids) + len(first.token_ids) - 1
+    assert model.last_stats["cached_tokens"] >= reused
+    assert list(second.prompt_ids[:reused]) == [*first.prompt_ids, *first.token_ids][:reused]
     conversation = model.conversation()
     assert conversation.send(TURNS[0], max_new_tokens=8).token_ids == first.token_ids
     assert "".join(conversation.stream(TURNS[1], max_new_tokens=8)) == second.text
     assert [m["role"] for m in conversation.messages] == ["user", "assistant"] * 2
+
+
+def test_a_generated_answer_renders_as_its_ids_only_where_the_template_inserts_its_text(tiny_exports):
+    from mtpkit.runtime.manifest import load_manifest
+    from mtpkit.runtime.tokenizer import TextCodec
+
+    codec = TextCodec(load_manifest(tiny_exports(sorted(VARIANTS)[0])))
+    answer = "\n    return a + b\n"  # what a template's `| trim` changes
+    ids = [7, 8, 9]  # not what the text tokenizes to: the splice is visible
+    history = [{"role": "user", "content": "def add(a, b):"}, {"role": "assistant", "content": answer},
+               {"role": "user", "content": "and a test"}]
+    head = codec.encode_chat(history[:1])  # the first turn's prompt
+    spliced = codec.encode_chat(history, {1: ids})
+    assert spliced[:len(head) + len(ids)] == head + ids and spliced != codec.encode_chat(history)
+    rest = codec.encode_chat(history)[len(codec.encode_chat(history[:1])) + len(codec._ids(answer.strip())):]
+    assert spliced[len(head) + len(ids):] == rest  # what follows the answer renders as text
+    codec.template = codec.template.replace("| trim", "| trim | upper")  # the template changes the text: no splice
+    assert codec.encode_chat(history, {1: ids}) == codec.encode_chat(history)
+    codec.template = codec.template.replace("| trim | upper", "| trim")
+    history[0]["content"] = "\ue000" + history[0]["content"]  # a message holding the mark's character: no splice
+    assert codec.encode_chat(history, {1: ids}) == codec.encode_chat(history)
+
+
+def test_an_edited_answer_renders_as_text(tiny_exports):
+    from mtpkit.runtime.conversation import Conversation
+    from mtpkit.runtime.engine import Engine, GenConfig
+
+    conversation = Conversation(Engine(tiny_exports(sorted(VARIANTS)[0]), threads=1, backend="onnx"))
+    list(conversation.send(TURNS[0], GenConfig(max_new_tokens=SHORT)))
+    assert conversation._kept() == {1: conversation.answers[conversation.messages[1]["content"]]}
+    conversation.messages[1] = {"role": "assistant", "content": "edited"}
+    assert conversation._kept() == {}

@@ -22,8 +22,9 @@ one JSON object per line: {"category": "code", "prompt": "def f(x):", "name": "o
 
 --chat times something else: a scripted 8-turn conversation (runtime/conversation.py keeps the KV cache between
 turns, so each turn prefills only what is new) against a fresh prefill of the same history on a second engine,
-turn by turn; it prints time to first token per turn, checks every turn's tokens are the fresh prefill's, and
-takes --turns, --max-new-tokens (per turn), --threads, --backend and --json.
+turn by turn; it prints time to first token per turn (the median of --repeats conversations), checks every
+turn's tokens are the fresh prefill's, and takes --turns, --max-new-tokens (per turn), --repeats, --threads,
+--backend and --json.
 
 examples:
   mtpkit bench DIR --out out/bench
@@ -119,9 +120,9 @@ def _chat(args: argparse.Namespace) -> int:
     from .report import Progress
 
     if args.peers or args.prompt or args.prompts or args.out:
-        raise UsageError("--chat takes --turns, --max-new-tokens, --threads, --backend and --json; drop --peers, "
+        raise UsageError("--chat takes --turns, --max-new-tokens, --repeats, --threads, --backend and --json; drop --peers, "
                          "--prompt, --prompts and --out")
-    cfg = ChatBenchConfig(max_new_tokens=args.max_new_tokens, turns=args.turns or len(TURNS))
+    cfg = ChatBenchConfig(max_new_tokens=args.max_new_tokens, turns=args.turns or len(TURNS), repeats=args.repeats)
     progress = Progress(getattr(args, "quiet", False))
     try:
         report = run_chat_bench(args.dir, cfg, args.threads, args.backend, progress)

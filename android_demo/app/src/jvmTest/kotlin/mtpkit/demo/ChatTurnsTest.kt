@@ -48,4 +48,16 @@ class ChatTurnsTest {
             dir.deleteRecursively()
         }
     }
+
+    @Test
+    fun splicesAKeptAnswersIdsWhereItsTrimmedTextStands() {
+        val messages = listOf(ChatMessage("user", "a"), ChatMessage("assistant", "\n b \n"), ChatMessage("user", "c"))
+        val chars = { text: String -> text.map { it.toString() } } // a toy tokenizer: one id per character
+        assertEquals(chars(ChatTurns.render(messages)), ChatTurns.spliced(messages, emptyMap(), chars))
+        val kept = listOf("\n", " ", "b", " ", "\n") // the answer as generated, before the template's trim
+        val spliced = ChatTurns.spliced(messages, mapOf(1 to kept), chars)
+        val head = chars("<start_of_turn>user\na<end_of_turn>\n<start_of_turn>model\n")
+        assertEquals(head + kept + chars("<end_of_turn>\n<start_of_turn>user\nc<end_of_turn>\n<start_of_turn>model\n"),
+            spliced)
+    }
 }

@@ -24,11 +24,27 @@ object ChatTurns {
         }
     }
 
-    fun render(messages: List<ChatMessage>): String = buildString {
-        for (m in messages) {
-            val role = if (m.role == "assistant") "model" else m.role
-            append("<start_of_turn>").append(role).append('\n').append(m.content.trim()).append("<end_of_turn>\n")
+    fun render(messages: List<ChatMessage>): String = spliced(messages, emptyMap()) { listOf(it) }.joinToString("")
+
+    /**
+     * The history's ids with each kept answer (message index -> the ids generated) as those ids where the text
+     * would stand, the text between them through [encode]: runtime/tokenizer.py's encode_chat with kept (this
+     * format inserts an answer's text trimmed and nothing else, so every kept answer splices).
+     */
+    fun <T> spliced(messages: List<ChatMessage>, kept: Map<Int, List<T>>, encode: (String) -> List<T>): List<T> {
+        val out = ArrayList<T>()
+        val text = StringBuilder()
+        for ((i, m) in messages.withIndex()) {
+            text.append("<start_of_turn>").append(if (m.role == "assistant") "model" else m.role).append('\n')
+            val ids = kept[i]
+            if (ids == null) {
+                text.append(m.content.trim())
+            } else {
+                out += encode(text.toString()).also { text.clear() }
+                out += ids
+            }
+            text.append("<end_of_turn>\n")
         }
-        append("<start_of_turn>model\n")
+        return out + encode(text.append("<start_of_turn>model\n").toString())
     }
 }

@@ -25,9 +25,10 @@ class OnnxRunner(dir: File, threads: Int = Runtime.getRuntime().availableProcess
     // the oldest whole turns go when the history outgrows the export's KV capacity
     val conversation = Conversation(Engine(manifest, pair.target, pair.drafter), ::encodeChat, ::decode, dropOldest = true)
 
-    /** Ids of the history in the chat template, as runtime/tokenizer.py encode_chat gives them (bos first). */
-    fun encodeChat(messages: List<ChatMessage>): IntArray {
-        val ids = tokenizer.encode(ChatTurns.render(messages), false, false).ids.map { it.toInt() }
+    /** Ids of the history in the chat template, kept answers as their ids, as runtime/tokenizer.py encode_chat
+     *  gives them (bos first). */
+    fun encodeChat(messages: List<ChatMessage>, kept: Map<Int, List<Int>>): IntArray {
+        val ids = ChatTurns.spliced(messages, kept) { text -> tokenizer.encode(text, false, false).ids.map { it.toInt() } }
         return (listOfNotNull(manifest.bos) + ids).toIntArray()
     }
 

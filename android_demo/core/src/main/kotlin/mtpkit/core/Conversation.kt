@@ -3,11 +3,15 @@ package mtpkit.core
 /**
  * A conversation whose KV cache outlives its turns: each turn prefills only what is new (mirrors
  * runtime/conversation.py). Core works on ids: [render] turns the history into the ids of the model's chat template
- * (the app's tokenizer and template), [decode] an answer's ids into text. The engine prefills only the ids after
- * the longest common prefix with what its cache holds (Engine.cachedPrefix): an edited or regenerated turn rewinds
- * to where the history first differs, the way a rejected draft rewinds, so every turn's tokens are those a fresh
- * prefill of the whole conversation gives.
+ * (the app's tokenizer and template), with the answers this conversation generated (kept: message index -> ids) as
+ * the ids generated rather than their text re-tokenized; [decode] an answer's ids into text. The engine prefills
+ * only the ids after the longest common prefix with what its cache holds (Engine.cachedPrefix): an edited or
+ * regenerated turn rewinds to where the history first differs, the way a rejected draft rewinds, so every turn's
+ * tokens are those a fresh prefill of the whole rendered conversation gives.
  */
+
+/** Generated answers remembered as ids (a longer history renders the oldest as text). */
+const val MAX_ANSWERS = 256
 
 /** One message of the history; role: user, assistant or system. */
 data class ChatMessage(val role: String, val content: String)
@@ -21,7 +25,7 @@ class ConversationFullError(message: String) : IllegalArgumentException(message)
  */
 class Conversation(
     val engine: Engine,
-    private val render: (List<ChatMessage>) -> IntArray,
+    private val render: (List<ChatMessage>, Map<Int, List<Int>>) -> IntArray,
     private val decode: (List<Int>) -> String,
     var dropOldest: Boolean = false,
 ) {
@@ -30,6 +34,8 @@ class Conversation(
         private set
     var promptIds = IntArray(0) // the latest turn's rendered history
         private set
+    // generated answers' text -> their ids without the stop token; an edited answer's text is not here
+    private val answers = LinkedHashMap<String, List<Int>>()
 
     /** Forget the history (the cache is overwritten from the first position by the next turn). */
     fun reset() = messages.clear()
@@ -62,12 +68,17 @@ class Conversation(
     /** The rendered history's ids, after dropping the oldest whole turns while it does not fit (dropOldest). */
     fun fit(cfg: GenConfig): IntArray {
         while (true) {
-            val ids = render(messages.toList())
+            val ids = render(messages.toList(), kept())
             val needed = ids.size + cfg.maxNewTokens
             if (needed <= engine.manifest.capacity) return ids.also { promptIds = it }
             if (!dropOldest || !dropOldestTurn()) throw ConversationFullError(fullMessage(needed, cfg, users().size < 2))
         }
     }
+
+    /** The assistant messages whose text is an answer this conversation generated: index -> its ids. */
+    fun kept(): Map<Int, List<Int>> = messages.indices
+        .filter { messages[it].role == "assistant" && messages[it].content in answers }
+        .associateWith { answers.getValue(messages[it].content) }
 
     /** Remove the first turn (a user message and what follows it up to the next one) unless it is the last. */
     private fun dropOldestTurn(): Boolean {
@@ -94,7 +105,11 @@ class Conversation(
         for (emitted in turn(prompt, cfg, stats)) {
             produced.add(emitted.token)
             if (produced.size == 1) messages.add(ChatMessage("assistant", ""))
-            messages[messages.size - 1] = ChatMessage("assistant", decode(produced))
+            val text = decode(produced)
+            answers.remove(messages[messages.size - 1].content) // the answer so far, one token shorter
+            answers[text] = if (emitted.token in engine.manifest.eosIds) produced.dropLast(1) else produced.toList()
+            while (answers.size > MAX_ANSWERS) answers.remove(answers.keys.first())
+            messages[messages.size - 1] = ChatMessage("assistant", text)
             yield(emitted)
         }
     }

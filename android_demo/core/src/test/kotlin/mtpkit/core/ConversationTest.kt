@@ -12,12 +12,13 @@ class ConversationTest {
     private fun engine(target: FakeTarget = FakeTarget(), capacity: Int = 64) =
         Engine(tinyManifest(capacity), target, FakeDrafter(2))
 
-    /** A toy chat template: per message a role marker (90 user, 91 assistant, 92 system), then its numbers; the
-     *  assistant's marker last, as a generation prompt. */
-    private fun render(messages: List<ChatMessage>): IntArray = (messages.flatMap { m ->
-        listOf(mapOf("user" to 90, "assistant" to 91, "system" to 92).getValue(m.role)) +
-            m.content.split(" ").filter { it.isNotEmpty() }.map { it.toInt() }
-    } + 91).toIntArray()
+    /** A toy chat template: per message a role marker (90 user, 91 assistant, 92 system), then its numbers (a
+     *  word that is not one: 0), or a kept answer's ids; the assistant's marker last, as a generation prompt. */
+    private fun render(messages: List<ChatMessage>, kept: Map<Int, List<Int>>): IntArray =
+        (messages.withIndex().flatMap { (i, m) ->
+            listOf(mapOf("user" to 90, "assistant" to 91, "system" to 92).getValue(m.role)) +
+                (kept[i] ?: m.content.split(" ").filter { it.isNotEmpty() }.map { it.toIntOrNull() ?: 0 })
+        } + 91).toIntArray()
 
     private fun decode(ids: List<Int>) = ids.joinToString(" ")
 
@@ -87,5 +88,19 @@ class ConversationTest {
         conversation.reset()
         val alone = assertThrows(ConversationFullError::class.java) { conversation.send((1..15).joinToString(" "), cfg) }
         assertTrue("alone" in alone.message!!, alone.message)
+    }
+
+    @Test
+    fun aGeneratedAnswerRendersAsItsIdsAndAnEditedOneAsText() {
+        // the answer's text does not render back to its ids ("w7" reads as 0): only the kept ids reuse the answer
+        val conversation = Conversation(engine(), ::render, { ids -> ids.joinToString(" ") { "w$it" } })
+        val first = conversation.send("1 2 3", cfg).map { it.token }.toList()
+        assertEquals(mapOf(1 to first), conversation.kept()) // six tokens, no stop token among them
+        val firstPrompt = conversation.promptIds
+        val stats = Stats()
+        conversation.send("4", cfg, stats).toList()
+        assertEquals(firstPrompt.size + first.size - 1, stats.cachedTokens)
+        conversation.messages[1] = ChatMessage("assistant", "5 6")
+        assertEquals(listOf(3), conversation.kept().keys.toList()) // the edited answer renders as text
     }
 }
