@@ -210,7 +210,7 @@ set +e
 # dead while ONNX Runtime still reads it gets freed and shows as a parity failure (5 of 6 runs before the fix in
 # OrtGraphSession.run), instead of as a rare SIGSEGV.
 java -Xmx48m -Xmn1m -XX:+UseSerialGC -Dmtpkit.export="$EXPORT" -Dmtpkit.exportQuantized="$QEXPORT" -Dmtpkit.cli="$ROOT/.venv/bin/mtpkit" -Dmtpkit.ortLib="$ORT_LIB" \
-  -Dmtpkit.conversation="$CONVERSATION" \
+  -Dmtpkit.conversation="$CONVERSATION" -Dmtpkit.gemma4Template="$DEMO/desktop/src/test/python/gemma4_text_chat.jinja" \
   -jar $J/junit-platform-console-standalone.jar \
   -cp "$BUILD/core.jar:$BUILD/desktop.jar:$BUILD/tests.jar:$J/jna.jar:$K/lib/kotlin-stdlib.jar" \
   --scan-classpath "$BUILD/tests.jar" --fail-if-no-tests --disable-banner --disable-ansi-colors --details=tree \

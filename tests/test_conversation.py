@@ -212,3 +212,19 @@ def test_an_edited_answer_renders_as_text(tiny_exports):
     assert conversation._kept() == {1: conversation.answers[conversation.messages[1]["content"]]}
     conversation.messages[1] = {"role": "assistant", "content": "edited"}
     assert conversation._kept() == {}
+
+
+def test_gemma4s_turn_format_splices_an_answer_unless_its_thought_is_stripped(tiny_exports):
+    from pathlib import Path
+
+    from mtpkit.runtime.manifest import load_manifest
+    from mtpkit.runtime.tokenizer import TextCodec
+
+    codec = TextCodec(load_manifest(tiny_exports(sorted(VARIANTS)[0])))
+    codec.template = (Path(__file__).parents[1] / "android_demo/desktop/src/test/python/gemma4_text_chat.jinja").read_text()
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " Hello! "},
+               {"role": "user", "content": "again"}]
+    head = codec.encode_chat(history[:1])
+    assert codec.encode_chat(history, {1: [7, 8]})[:len(head) + 2] == head + [7, 8]
+    history[1]["content"] = "<|channel>thought\nsay hello<channel|>Hello!"  # the template drops the thought
+    assert codec.encode_chat(history, {1: [7, 8]}) == codec.encode_chat(history)

@@ -16,7 +16,8 @@ import java.io.File
  */
 class OnnxRunner(dir: File, threads: Int = Runtime.getRuntime().availableProcessors()) : AutoCloseable {
     // checks schema_version and every file's sha256, the template's too; then that the app can render the template
-    val manifest = ModelManifest.load(dir).also { ChatTurns.check(it) }
+    val manifest = ModelManifest.load(dir)
+    private val format = ChatTurns.check(manifest)
     private val session = OrtAndroidSession(manifest, threads)
     // what DJL's newInstance(Path) does for a file; java.nio.file.Path is API 26 and test.sh compiles against 23
     private val tokenizer = manifest.path(manifest.tokenizerFile).inputStream()
@@ -28,7 +29,7 @@ class OnnxRunner(dir: File, threads: Int = Runtime.getRuntime().availableProcess
     /** Ids of the history in the chat template, kept answers as their ids, as runtime/tokenizer.py encode_chat
      *  gives them (bos first). */
     fun encodeChat(messages: List<ChatMessage>, kept: Map<Int, List<Int>>): IntArray {
-        val ids = ChatTurns.spliced(messages, kept) { text -> tokenizer.encode(text, false, false).ids.map { it.toInt() } }
+        val ids = ChatTurns.spliced(messages, kept, format) { text -> tokenizer.encode(text, false, false).ids.map { it.toInt() } }
         return (listOfNotNull(manifest.bos) + ids).toIntArray()
     }
 
