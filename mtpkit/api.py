@@ -120,8 +120,9 @@ class Model:
 
     def chat(self, messages: list[dict], **options) -> Generation:
         """The next assistant turn for `messages` ([{"role": "user" | "assistant" | ..., "content": str}, ...]),
-        rendered with the export's chat template. The cache keeps the previous call's conversation: only what
-        follows the prefix it shares with `messages` is prefilled (the tokens are a fresh prefill's). A
+        rendered with the export's chat template; an earlier answer this model generated (its text unchanged)
+        renders as the ids it generated. The cache keeps the previous call's conversation: only what follows the
+        prefix it shares with `messages` is prefilled (the tokens are a fresh prefill's). A
         conversation that no longer fits raises ConversationFullError (a ValueError); conversation(drop_oldest=
         True) drops the oldest turns instead."""
         return self.conversation(messages).reply(**options)
