@@ -112,8 +112,12 @@ class Conversation:
             if produced:
                 text = self.engine.codec.decode(produced)
                 self.messages.append({"role": "assistant", "content": text})
-                stop = set(self.engine.manifest.eos_ids)
-                self.answers.pop(text, None)  # the newest last: the oldest go first past MAX_ANSWERS
-                self.answers[text] = produced[:-1] if produced[-1] in stop else produced
-                while len(self.answers) > MAX_ANSWERS:
-                    del self.answers[next(iter(self.answers))]
+                self._remember(text, produced)
+
+    def _remember(self, text: str, produced: list[int]) -> None:
+        """Keep an answer's ids (without its stop token) under its text, newest last: past MAX_ANSWERS the oldest
+        go first."""
+        self.answers.pop(text, None)
+        self.answers[text] = produced[:-1] if produced[-1] in self.engine.manifest.eos_ids else produced
+        while len(self.answers) > MAX_ANSWERS:
+            del self.answers[next(iter(self.answers))]

@@ -120,8 +120,8 @@ def _chat(args: argparse.Namespace) -> int:
     from .report import Progress
 
     if args.peers or args.prompt or args.prompts or args.out:
-        raise UsageError("--chat takes --turns, --max-new-tokens, --repeats, --threads, --backend and --json; drop --peers, "
-                         "--prompt, --prompts and --out")
+        raise UsageError("--chat takes --turns, --max-new-tokens, --repeats, --threads, --backend and --json; drop "
+                         "--peers, --prompt, --prompts and --out")
     cfg = ChatBenchConfig(max_new_tokens=args.max_new_tokens, turns=args.turns or len(TURNS), repeats=args.repeats)
     progress = Progress(getattr(args, "quiet", False))
     try:
