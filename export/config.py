@@ -56,7 +56,8 @@ class ExportConfig:
                               "at run time), or mobile (size-first: every weight and table 4-bit, one scale per "
                               "channel: the smallest bundle); quantized graphs are measured against the float model "
                               "and gated (see quant_fidelity.json)", choices=recipes.names)
-    drafter_quant: str | None = flag(None, "drafter weights (default: --quant)", choices=recipes.names)
+    drafter_quant: str | None = flag(None, "drafter weights (default: --quant, but int4 under int8 and "
+                                       "int8-dynamic: the target verifies what it proposes)", choices=recipes.names)
     ple_quant: str | None = flag(None, "per-layer-embedding table under the int recipes: int8, or int4 (half the "
                                        "bytes of the largest table; quant_fidelity.json shows what it costs) "
                                        "(default: int4 under --quant mobile, else int8)", choices=PLE_RECIPES)
@@ -168,12 +169,13 @@ class ExportConfig:
 
     def _check_quant(self, backends) -> None:
         object.__setattr__(self, "quant", recipes.ALIASES.get(self.quant, self.quant))
-        object.__setattr__(self, "drafter_quant", recipes.ALIASES.get(self.drafter_quant, self.drafter_quant)
-                           or self.quant)
+        object.__setattr__(self, "drafter_quant", recipes.ALIASES.get(self.drafter_quant, self.drafter_quant))
         for flag, recipe in (("--quant", self.quant), ("--drafter-quant", self.drafter_quant)):
-            if recipe not in recipes.RECIPES:
+            if recipe is not None and recipe not in recipes.RECIPES:
                 raise UsageError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, recipes.names())}; "
                                  f"choose from {', '.join(recipes.names())}")
+        if self.drafter_quant is None:
+            object.__setattr__(self, "drafter_quant", recipes.drafter_default(recipes.recipe(self.quant)))
         if self.ple_quant is None:
             object.__setattr__(self, "ple_quant", recipes.ple_default(recipes.recipe(self.quant)))
         if self.ple_quant not in PLE_RECIPES:

@@ -32,6 +32,10 @@ class Recipe:
     litert_as: str | None = None  # LiteRT stores it as this recipe (the same bytes), recorded under that name
     # size-first: --ple-quant's default under the int recipes (the per-layer-embedding table is half of E2B)
     ple_bits: int = 8
+    # --drafter-quant's default under this recipe (None: the recipe itself). The 8-bit recipes take int4: the target
+    # verifies what the drafter proposes, 4-bit drafters keep its acceptance (docs/quant-report-tiny-pair), and an
+    # 8-bit drafter is 52.6 MB at E2B (exported; 54.6 planned at E4B), over the 50 MB every recipe below fp16 keeps to
+    drafter: str | None = None
     keeps_sensitive: bool = True  # a searched int4 plan keeps the adapter's INT4_KEEP_8BIT weights at 8 bits
     # one scale per output channel / table row instead of per block (LiteRT; ONNX Runtime's kernels need
     # power-of-two blocks, so ONNX takes its largest, CHANNELWISE_ONNX_BLOCK)
@@ -54,7 +58,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("fp32", offered=True, gguf=("F32",)),
     Recipe("fp16", float_bits=16, gate=0.99, wider="fp32", bytes_per_weight=2, onnx="fp16", litert="fp16",
            offered=True, gguf=("F16",)),
-    Recipe("int8", bits=8, table_bits=8, draft_table_bits=4, gate=0.95, wider="fp16", bytes_per_weight=1,
+    Recipe("int8", bits=8, table_bits=8, draft_table_bits=4, drafter="int4", gate=0.95, wider="fp16", bytes_per_weight=1,
            blockwise=True, onnx="streamed", litert="int8", offered=True, gguf=("Q8_0",)),
     Recipe("int4", bits=4, search_scales=True, calibrated=True, table_bits=4, draft_table_bits=4, gate=0.85,
            wider="int8", bytes_per_weight=0.5, blockwise=True, onnx="streamed", litert="int4", offered=True,
@@ -70,7 +74,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # LiteRT's int8 (dynamic_wi8_afp32) already quantizes activations at run time: the same bytes as int8 there.
     # Wider: int8, whose 32-wide blocks are finer than one activation scale per call (trained tiny pair: top-1
     # 1.000 against 0.984, docs/scale-bench.md)
-    Recipe("int8-dynamic", bits=8, table_bits=8, draft_table_bits=4, gate=0.95, wider="int8", bytes_per_weight=1,
+    Recipe("int8-dynamic", bits=8, table_bits=8, draft_table_bits=4, drafter="int4", gate=0.95, wider="int8", bytes_per_weight=1,
            onnx="dynamic", litert="int8", litert_as="int8", gguf=("Q8_0",)),
 )}
 FP32 = RECIPES["fp32"]
@@ -95,6 +99,11 @@ def recipe(name: str) -> Recipe:
 def ple_default(target: Recipe) -> str:
     """--ple-quant's default: the target recipe's own choice (int4 under the size-first recipe, else int8)."""
     return f"int{target.ple_bits}"
+
+
+def drafter_default(target: Recipe) -> str:
+    """--drafter-quant's default: the target recipe's own choice (int4 under the 8-bit recipes, else the same)."""
+    return target.drafter or target.name
 
 
 def ple_bits(name: str) -> int:

@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.litert]
 PROMPTS = [[2, 80, 81, 82], [2] + list(range(40, 70))]  # the second crosses the sliding window (8)
 MAX_NEW = 12
 TFLITE = ("target", "embedder", "per_layer_embedder", "drafter")
-# what each side's recipe leaves in each graph: int4 keeps the per-layer-embedding table and the tied embedding
-# table at 8 bits (so the embedder, which holds only the latter, is int8)
-EXPECTED = {"fp16": dict.fromkeys(TFLITE, "fp16"), "int8": dict.fromkeys(TFLITE, "int8"),
+# what each recipe leaves in each graph, with --drafter-quant's default: int4 keeps the per-layer-embedding table and
+# the tied embedding table at 8 bits (so the embedder, which holds only the latter, is int8); int8's drafter is int4
+EXPECTED = {"fp16": dict.fromkeys(TFLITE, "fp16"), "int8": {**dict.fromkeys(TFLITE, "int8"), "drafter": "int4"},
             "int4": {"target": "int4", "embedder": "int8", "per_layer_embedder": "int8", "drafter": "int4"},
             "mobile": dict.fromkeys(TFLITE, "mobile")}  # every table 4-bit, one scale per row
 # embedding tables are nearly all weights: their files shrink about as the bits do (4-bit blocks carry fp16 scales)
@@ -49,9 +49,12 @@ def derive(float_export, root, recipes: dict, block_size: int = 32):
 
 @pytest.fixture(scope="module", params=list(EXPECTED))
 def quantized(request, float_export, tmp_path_factory):
-    recipe = request.param
+    from mtpkit.export.recipes import drafter_default
+    from mtpkit.export.recipes import recipe as recipe_named
+
+    recipe = request.param  # with the drafter's default recipe, as `mtpkit export --quant RECIPE` writes it
     return recipe, *derive(float_export, tmp_path_factory.mktemp(f"litert_{recipe}"),
-                           {"target": recipe, "drafter": recipe})
+                           {"target": recipe, "drafter": drafter_default(recipe_named(recipe))})
 
 
 def greedy(folder, ids: list[int], mtp: bool, stats: Stats | None = None, max_new: int = MAX_NEW) -> list[int]:
@@ -74,7 +77,7 @@ def test_graphs_carry_the_recipe_and_shrink(quantized, float_export):
         assert q_bytes < TABLE_RATIO[EXPECTED[recipe][table]] * float_bytes, (table, sizes[table])
     assert lite.graphs["bundle"].recipe == recipe
     assert lite.graphs["bundle"].bytes < float_lite.graphs["bundle"].bytes
-    assert lite.options.bundle["section_recipes"]["tf_lite_mtp_drafter"] == recipe
+    assert lite.options.bundle["section_recipes"]["tf_lite_mtp_drafter"] == EXPECTED[recipe]["drafter"]
     assert {lite.options.quantization[n]["recipe"] for n in TFLITE} == set(EXPECTED[recipe].values())
     # weights only: every signature (names, shapes, dtypes, roles; the KV cache float32) is the float one
     assert lite.signatures == float_lite.signatures

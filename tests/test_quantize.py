@@ -288,7 +288,7 @@ def test_int8_dynamic_is_accepted_and_its_memory_estimated():
     with pytest.raises(ValueError, match=r"unknown --quant recipe 'int8-dynamc' \(did you mean 'int8-dynamic'\?\)"):
         ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int8-dynamc")
     cfg = ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int8-dynamic")
-    assert (cfg.quant, cfg.drafter_quant) == ("int8-dynamic", "int8-dynamic")
+    assert (cfg.quant, cfg.drafter_quant) == ("int8-dynamic", "int4")  # the drafter's default under 8 bits
     w = preflight.Weights(target=10**8, drafter=10**6, ple=4 * 10**7, converted=0)
     plans = {q: SimpleNamespace(backend=("onnx",), quant=q, drafter_quant=q, ple_quant="int8", check=True,
                                 block_size=32, recipes={"target": recipe_named(q), "drafter": recipe_named(q)},

@@ -76,6 +76,22 @@ def test_every_int_recipe_gives_the_drafters_centroid_table_4_bits():
     assert {r.draft_table_bits for r in recipes.RECIPES.values() if r.bits is None} == {None}
 
 
+def test_every_int_recipes_default_drafter_is_4_bit_and_an_explicit_one_is_kept():
+    """The drafters of E2B / E4B hold 78.0 / 78.8 M weights: at 4 bits with a float16 scale per 32 weights they are
+    at most 44.3 MB, within the 50 MB every recipe below fp16 keeps to (an 8-bit drafter plans 53.7 / 54.6 MB), so
+    --drafter-quant defaults to a 4-bit recipe under every int recipe; the float recipes keep their own."""
+    from mtpkit.export.config import ExportConfig
+
+    for r in recipes.RECIPES.values():
+        default = recipes.recipe(recipes.drafter_default(r))
+        assert default.bits == (4 if r.bits is not None else None), r.name
+        assert default.float_bits == r.float_bits, r.name
+        assert ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant=r.name).drafter_quant == default.name
+    assert 78.8e6 * (4 + 16 / 32) / 8 < 44.4e6
+    assert ExportConfig(target="t", drafter="d", out="/nonexistent/x", quant="int8",
+                        drafter_quant="int8").drafter_quant == "int8"
+
+
 @pytest.mark.slow
 def test_a_recipe_registered_in_the_table_alone_exports_runs_losslessly_and_is_reported(
         tiny_checkpoints, tmp_path, monkeypatch, capsys):
