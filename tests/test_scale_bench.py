@@ -98,3 +98,32 @@ def test_report_schema_and_markdown(tiny_exports, scale_bench, tmp_path):
                              "--bandwidth-mib", "1", "--json", str(tmp_path / "r.json"),
                              "--out", str(tmp_path / "r.md")]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["cost_model"] is None  # no acceptance given
+
+
+def test_litert_lm_memory_attributes_each_mapping_to_its_bundle_section(tool, tmp_path):
+    """tools/litert_lm_memory.py: a mapping of the bundle counts toward the section its middle lies in, LiteRT-LM's
+    weight caches beside the bundle and anonymous memory apart, libraries last."""
+    memory = tool("litert_lm_memory")
+    bundle = tmp_path / "model.litertlm"
+    parts = [(16384, 65536, "tf_lite_embedder"), (65536, 1 << 20, "tf_lite_prefill_decode")]
+    page = 4096
+
+    def part(offset: int, pages: int, path: str) -> str:
+        return memory._part((0, pages * page, offset, path), pages * 4, bundle, parts)
+
+    assert part(16384, 4, str(bundle)) == "bundle: tf_lite_embedder"
+    assert part(65536 - 2 * page, 8, str(bundle)) == "bundle: tf_lite_prefill_decode"  # its middle lies past 65536
+    assert part(0, 1, str(bundle)) == "bundle: header"
+    assert part(0, 1, str(tmp_path / "model.litertlm_123_456.xnnpack_cache")) == "weight cache"
+    assert part(0, 1, str(tmp_path / "model.litertlm_1_2.mtp_drafter.xnnpack_cache")) == "weight cache (drafter)"
+    assert part(0, 1, "") == part(0, 1, "[heap]") == part(0, 1, "[stack]") == "anonymous"
+    assert part(0, 1, "/usr/lib/libc.so.6") == "other files (libraries)"
+
+
+def test_litert_lm_memory_measures_what_a_row_read_maps(tool, tmp_path):
+    """The probe behind the tool's first line: random one-byte reads of a mapped file leave at least a page each
+    resident on average, and never more than the file."""
+    memory = tool("litert_lm_memory")
+    path = tmp_path / "table.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes())
+    assert 4 <= memory.mapped_per_read(path, reads=10) <= (8 << 20) / 1024 / 10 + 4

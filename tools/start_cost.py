@@ -38,9 +38,11 @@ def _resident(mark: str) -> None:
     """What is resident at the end, by kind (MB): anonymous (heap, packed weights in memory) and file-backed
     (mapped graphs, tables and weight caches), which the peak alone does not tell apart."""
     with open("/proc/self/status", encoding="utf-8") as f:
-        status = {line.split(":")[0]: int(line.split()[1]) for line in f if line.startswith(("RssAnon", "RssFile"))}
+        status = {line.split(":")[0]: int(line.split()[1]) for line in f
+                  if line.startswith(("RssAnon", "RssFile", "RssShmem"))}
+    mapped = status.get("RssFile", 0) + status.get("RssShmem", 0)  # an export on tmpfs maps shared memory
     with open(mark, "a", encoding="utf-8") as f:
-        f.write(f"anon_mb {status.get('RssAnon', 0) / 1024}\nfile_mb {status.get('RssFile', 0) / 1024}\n")
+        f.write(f"anon_mb {status.get('RssAnon', 0) / 1024}\nfile_mb {mapped / 1024}\n")
 
 
 def child_mtpkit(mark: str, argv: list[str]) -> int:
