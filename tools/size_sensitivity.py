@@ -4,7 +4,7 @@ against the float model on held-out text (top-1 agreement, mean KL), beside the 
 full-size E2B target (the published E2B parameter counts, docs: shared gemma4-architecture.md). The evidence for
 `--quant mobile` (docs/quantization.md, "mobile"). Not run in CI.
 
-    .venv/bin/python tools/size_sensitivity.py [--windows 32] [--out report.md]
+    .venv/bin/python tools/size_sensitivity.py [--windows 32] [--out report.md] [--cases TEXT]
 
 Encoder: export/int4.py's scale search weighted by the built-in calibration's activations, the MLP's gate / up
 error-compensated (GPTQ) as the recipes do, and in the rows that say so the attention projections and the lm_head too; 2 bits: the same search
@@ -49,6 +49,13 @@ CASES = [
     ("mobile, shared-layer MLPs 2-bit b32", {**dict.fromkeys(E2B, (4, C)), "mlp_shared": (2, B32)}, True),
     ("mobile, lookup table 2-bit per row", {**dict.fromkeys(E2B, (4, C)), "lookup": (2, C)}, True),
     ("mobile, PLE table 2-bit per row", {**dict.fromkeys(E2B, (4, C)), "ple": (2, C)}, True),
+    # LiteRT's XNNPACK runs 2-bit weights one scale per channel only: the widths a LiteRT bundle could take
+    ("mobile, shared-layer MLPs 2-bit per channel", {**dict.fromkeys(E2B, (4, C)), "mlp_shared": (2, C)}, True),
+    ("mobile, lm_head 2-bit per channel", {**dict.fromkeys(E2B, (4, C)), "head": (2, C)}, True),
+    ("mobile, shared-layer MLPs and lm_head 2-bit per channel (Google's mix)",
+     {**dict.fromkeys(E2B, (4, C)), "mlp_shared": (2, C), "head": (2, C)}, True),
+    ("mobile, shared-layer MLPs and lm_head 2-bit per channel, as exported",
+     {**dict.fromkeys(E2B, (4, C)), "mlp_shared": (2, C), "head": (2, C)}, False),
 ]
 
 
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--windows", type=int, default=32, help="held-out windows of 160 tokens (default 32)")
     p.add_argument("--out", type=Path, help="write the Markdown table here (default: stdout)")
+    p.add_argument("--cases", default="", help="only the rows whose name contains this text (default: every row)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model, float_sd, importance, windows, want = _setup(args.windows)
@@ -122,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     shared = set(range(text_cfg.num_hidden_layers - text_cfg.num_kv_shared_layers, text_cfg.num_hidden_layers))
     lines = ["| recipe | attention / lm_head GPTQ | top-1 | mean KL | E2B target + drafter (GB) |",
              "|---|---|---:|---:|---:|"]
-    for name, choice, compensate_more in CASES:
+    for name, choice, compensate_more in [c for c in CASES if args.cases in c[0]]:
         top1, kl = _measure(model, float_sd, importance, windows, want, choice, compensate_more, shared)
         lines.append(f"| {name} | {'yes' if compensate_more else 'no'} | {top1:.4f} | {kl:.2e} | {e2b_gb(choice):.3f} |")
         print(lines[-1], file=sys.stderr, flush=True)
