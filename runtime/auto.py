@@ -314,8 +314,10 @@ class TimedDrafter(Generic[View]):
         return out
 
 
-def calibrate(target: Target[View], drafter: Drafter[View], meter: CostMeter, max_draft: int, repeats: int = 3) -> None:
-    """Time target calls of a few lengths and drafter steps on scratch cache slots; seed the meter with minima.
+def calibrate(target: Target[View], drafter: Drafter[View], max_draft: int,
+              repeats: int = 3) -> tuple[float, dict[int, float]]:
+    """Time target calls of a few lengths and drafter steps on scratch cache slots: (a drafter step, {call length t:
+    seconds}), the least of each call's samples (a CostMeter's seeds; runtime/timings.py keeps them between starts).
 
     Timing noise only ever adds (another process, a page fault), so the least of a few samples is the call's own
     cost; a median of three can still be a spike on a busy machine, and a spiky length that runs seldom (t = 2
@@ -337,4 +339,4 @@ def calibrate(target: Target[View], drafter: Drafter[View], meter: CostMeter, ma
             t0 = time.perf_counter()
             drafter.step(0, hidden[-1], pos, view)
             samples["draft"].append(time.perf_counter() - t0)
-    meter.seed(min(samples.pop("draft")[2:]), {t: min(s[1:]) for t, s in samples.items()})
+    return min(samples.pop("draft")[2:]), {t: min(s[1:]) for t, s in samples.items()}

@@ -10,6 +10,7 @@ from typing import Any, Generator
 
 from mtpkit.errors import UsageError, check_int
 
+from . import timings
 from .auto import AutoPolicy, CostMeter, TimedDrafter, TimedTarget, calibrate
 from .backends import LoadOptions, open_backend
 from .handoff import HANDOFF_MODES
@@ -136,12 +137,18 @@ class Engine:
         return k
 
     def auto_policy(self, max_draft: int) -> AutoPolicy:
-        """The engine's auto policy, created and calibrated (a few timed calls) on first use."""
+        """The engine's auto policy, created on first use and seeded with the calls' costs: timed (a few calls)
+        unless an earlier start recorded them (runtime/timings.py)."""
         if self.policy is None:
             recorded = self.backend.options.acceptance_by_position or ()  # the exporter's figure, if any
             prior = [min(1.0, max(0.0, float(a))) for a in recorded]
             self.policy = AutoPolicy(max_draft, self.meter, prior=prior)
-            calibrate(*self.untimed, self.meter, max_draft)
+            key = timings.key(self.backend, self.threads, max_draft)
+            costs = timings.load(key)  # this export's calls timed on this machine by an earlier start
+            if costs is None:
+                costs = calibrate(*self.untimed, max_draft)
+                timings.save(key, costs)
+            self.meter.seed(*costs)
         self.policy.max_draft = max_draft
         return self.policy
 

@@ -2,6 +2,7 @@
 if it has them) against LiteRT-LM on its model.litertlm, every run a fresh process, caches warm.
 
     python tools/start_cost.py EXPORT [--prompt-tokens 900] [--new-tokens 256] [--threads N] [--repeats 1]
+                               [--cold-timings]
 
 Each configuration runs once to warm up (page cache, XNNPACK weight caches: mtpkit's beside the graphs,
 LiteRT-LM's beside the bundle), then --repeats times, interleaved, each in a new process whose peak RSS is the
@@ -11,6 +12,8 @@ process was started: the engine open, the first token. mtpkit runs exactly `mtpk
 speculative decoding off / on, prefills the same text and streams the decode. The prompt is words repeated up to
 --prompt-tokens tokens of the export's tokenizer, shortened to fit the export's KV capacity. Prints one row per
 configuration (the median of the repeats) and mtpkit / LiteRT-LM ratios for the same speculation setting.
+--cold-timings adds each speculative mtpkit run once more with the auto schedule's recorded call costs
+(runtime/timings.py) removed first, as on a first start: the cost of timing calls before the first token.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+COLD = "cold"  # a configuration run with runtime/timings.py's records removed first
 WORDS = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches".split()
 
 
@@ -104,7 +109,13 @@ def prompt_for(export: Path, tokens: int, new_tokens: int) -> tuple[str, int]:
 
 
 def measure(argv: list[str]) -> dict:
-    """One fresh process: peak RSS (MB), seconds from its start to the engine open and to the first token."""
+    """One fresh process: peak RSS (MB), seconds from its start to the engine open and to the first token. A
+    configuration whose argv starts with COLD forgets the auto schedule's recorded call costs first."""
+    if argv[0] == COLD:
+        from mtpkit.runtime.verified import cache_dir
+
+        shutil.rmtree(cache_dir() / "timings", ignore_errors=True)
+        argv = argv[1:]
     with tempfile.NamedTemporaryFile("r", suffix=".marks") as mark, tempfile.TemporaryFile() as err:
         start = time.time()  # LiteRT-LM logs much on fd 2: to a file, read once the process is gone
         proc = subprocess.Popen([sys.executable, __file__, "--child", mark.name, *argv],
@@ -123,16 +134,20 @@ def measure(argv: list[str]) -> dict:
             "anon_mb_at_end": float(marks["anon_mb"]), "file_mb_at_end": float(marks["file_mb"])}
 
 
-def configurations(export: Path, prompt: Path, new: int, threads: int) -> dict[str, list[str]]:
+def configurations(export: Path, prompt: Path, new: int, threads: int, cold: bool = False) -> dict[str, list[str]]:
+    """Each configuration's argv; with cold, each speculative mtpkit run also once with the auto schedule's recorded
+    call costs forgotten (it times its calls before the first token, as a first start does)."""
     from mtpkit.runtime.manifest import load_manifest
 
     manifest = load_manifest(export)
     runs = {}
     for kind in [k for k in ("litert", "onnx") if k in manifest.backends]:
         for spec in (False, True):
-            runs[f"mtpkit {kind} {'spec' if spec else 'plain'}"] = [
-                "mtpkit", "run", str(export), "--backend", kind, "--prompt-file", str(prompt),
-                "--max-new-tokens", str(new), "--threads", str(threads), *([] if spec else ["--no-mtp"])]
+            argv = ["mtpkit", "run", str(export), "--backend", kind, "--prompt-file", str(prompt),
+                    "--max-new-tokens", str(new), "--threads", str(threads), *([] if spec else ["--no-mtp"])]
+            runs[f"mtpkit {kind} {'spec' if spec else 'plain'}"] = argv
+            if spec and cold:
+                runs[f"mtpkit {kind} spec, costs timed"] = [COLD, *argv]
     if "litert" in manifest.backends:
         bundle = str(manifest.path(manifest.backend("litert").graphs["bundle"].file))
         for spec in (False, True):
@@ -150,7 +165,8 @@ def report(results: dict[str, list[dict]]) -> None:
     median = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
     rows = [COLUMNS]
     for name, m in median.items():
-        peer = median.get(f"litert-lm {name.split()[-1]}") if not name.startswith("litert-lm") else None
+        setting = "spec" if " spec" in name else "plain"
+        peer = median.get(f"litert-lm {setting}") if not name.startswith("litert-lm") else None
         row = [name, f"{m['rss_mb']:.0f}", f"{m['anon_mb_at_end']:.0f} / {m['file_mb_at_end']:.0f}",
                f"{m['open_s']:.2f}", f"{m['first_token_s']:.2f} ({m['first_token_cpu_s']:.2f})", f"{m['total_s']:.2f}"]
         if peer:
@@ -176,12 +192,14 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument("--cold-timings", action="store_true",
+                   help="also run each speculative mtpkit configuration with its recorded call costs forgotten")
     a = p.parse_args()
     text, count = prompt_for(a.export, a.prompt_tokens, a.new_tokens)
     with tempfile.TemporaryDirectory() as tmp:
         prompt = Path(tmp) / "prompt.txt"
         prompt.write_text(text, encoding="utf-8")
-        runs = configurations(a.export, prompt, a.new_tokens, a.threads)
+        runs = configurations(a.export, prompt, a.new_tokens, a.threads, a.cold_timings)
         print(f"{a.export}: prompt {count} tokens, {a.new_tokens} new, {a.threads} threads; warming up", flush=True)
         for argv in runs.values():
             measure(argv)
