@@ -105,7 +105,8 @@ def test_the_drafters_centroid_table_is_4_bit_under_the_int_recipes(quantized, f
         assert "tables" not in lite.options.quantization["drafter"]
         return
     table, = tables
-    bits = recipe_named(recipe).draft_table_bits
+    drafter_recipe = recipe_named(EXPECTED[recipe]["drafter"])  # the drafter's own (int4 under int8)
+    bits = drafter_recipe.draft_table_bits
     data = (folder / lite.graphs["drafter"].file).read_bytes()
     quantized_model = schema.ModelT.InitFromPackedBuf(data, 0)
     tensor = next(t for t in quantized_model.subgraphs[0].tensors if t.name.decode() == graft.WEIGHT + table)
@@ -114,13 +115,13 @@ def test_the_drafters_centroid_table_is_4_bit_under_the_int_recipes(quantized, f
         assert tensor.type == schema.TensorType.FLOAT16
         assert lite.options.quantization["drafter"]["tables"] == {table: "float16"}
         return
-    block = width if recipe_named(recipe).channelwise else 32  # mobile: one block per row
+    block = width if drafter_recipe.channelwise else 32  # mobile: one block per row
     assert bits == 4 and tensor.type == schema.TensorType.INT4 and tensor.quantization.details.blockSize == block
     assert quantized_model.buffers[tensor.buffer].size == rows * width // 2
     assert lite.options.quantization["drafter"]["tables"] == {table: f"int4/b{block}"}
     kept = tmp_path / "kept.tflite"  # the same recipe, the table alone float32
     shutil.copy(float_export / file, kept)
-    float_table = dataclasses.replace(recipe_named(recipe), draft_table_bits=None)
+    float_table = dataclasses.replace(drafter_recipe, draft_table_bits=None)
     graft.graft(kept, kept, sources.GraftedSource(kept, schema.ModelT.InitFromPackedBuf(graft.read_map(kept), 0)),
                 litert_quant.encoding_for(float_table, "drafter", 32, 8))
     saved = kept.stat().st_size - len(data)
@@ -233,8 +234,8 @@ def test_quantizing_again_changes_nothing(quantized):
     recipe, folder, manifest = quantized
     lite = manifest.backend("litert")
     before = {n: (folder / g.file).read_bytes() for n, g in lite.graphs.items()}
-    same = recipe_named(recipe)
-    assert backend.quantize(folder, lite, {"target": same, "drafter": same}) == lite
+    same = {"target": recipe_named(recipe), "drafter": recipe_named(EXPECTED[recipe]["drafter"])}
+    assert backend.quantize(folder, lite, same) == lite
     assert {n: (folder / g.file).read_bytes() for n, g in lite.graphs.items()} == before
 
 
