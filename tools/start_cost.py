@@ -2,7 +2,7 @@
 if it has them) against LiteRT-LM on its model.litertlm, every run a fresh process, caches warm.
 
     python tools/start_cost.py EXPORT [--prompt-tokens 900] [--new-tokens 256] [--threads N] [--repeats 1]
-                               [--cold-timings]
+                               [--cold-timings] [--only TEXT]
 
 Each configuration runs once to warm up (page cache, XNNPACK weight caches: mtpkit's beside the graphs,
 LiteRT-LM's beside the bundle), then --repeats times, interleaved, each in a new process whose peak RSS is the
@@ -192,6 +192,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument("--only", default="", help="only the configurations whose name contains this text")
     p.add_argument("--cold-timings", action="store_true",
                    help="also run each speculative mtpkit configuration with its recorded call costs forgotten")
     a = p.parse_args()
@@ -199,7 +200,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         prompt = Path(tmp) / "prompt.txt"
         prompt.write_text(text, encoding="utf-8")
-        runs = configurations(a.export, prompt, a.new_tokens, a.threads, a.cold_timings)
+        runs = {name: argv for name, argv in configurations(a.export, prompt, a.new_tokens, a.threads,
+                                                            a.cold_timings).items() if a.only in name}
         print(f"{a.export}: prompt {count} tokens, {a.new_tokens} new, {a.threads} threads; warming up", flush=True)
         for argv in runs.values():
             measure(argv)
