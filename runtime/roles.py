@@ -80,7 +80,7 @@ class _LiteRtFields(Record):
     drafter_visibility: dict = field(DICT, factory=dict)
     prefill: list = field(items(PREFILL, 1))  # [{num_tokens, signature}]
     draft_windows: list | None = field(optional(items(WINDOW)), default=None, omit=True)  # [{full_slots, signature}]
-    bundle: dict = field(fields({"file": STR}))  # file, sections, section_recipes
+    bundle: dict = field(fields({"file": STR}))  # file, sections, section_recipes, shared (weights stored once)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ pytest.importorskip("litert_torch")
 from conftest import LITERT_VARIANTS, litertlm_texts, load_tool, planned_and_written  # noqa: E402
 from mtpkit.export.backends import litert as backend  # noqa: E402
 from mtpkit.export import quant_report  # noqa: E402
+from mtpkit.export.backends.litert import bundle as litert_bundle  # noqa: E402
 from mtpkit.export.backends.litert import quantization as litert_quant  # noqa: E402
 from mtpkit.runtime.engine import Engine, GenConfig  # noqa: E402
 from mtpkit.runtime.manifest import load_manifest  # noqa: E402
@@ -130,17 +131,67 @@ def test_the_drafters_centroid_table_is_4_bit_under_the_int_recipes(quantized, f
     assert abs(saved - expected) < 256 * len(quantized_model.subgraphs), (saved, expected)
 
 
-def test_bundle_sections_are_the_quantized_files(quantized):
+TABLE = "model.model.language_model.embed_tokens.weight"  # the tied table: the embedder's lookup, the lm_head
+
+
+def _sections(path) -> dict[str, tuple[int, int]]:
     from ai_edge_quantizer.utils import litertlm_utils
+
+    bundle = litertlm_utils.LiteRTLMFile(path)
+    return {bundle.get_model_type(i): (s.beginOffset, s.endOffset) for i, s in enumerate(bundle.sections)
+            if s.dataType == litertlm_utils.AnySectionDataType.TFLiteModel}
+
+
+def _decode_outputs(**model) -> dict[str, np.ndarray]:
+    """The decode signature's outputs for fixed inputs (a small random cache and embeddings, position 3)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(**model).get_signature_runner("decode")
+    rng = np.random.default_rng(0)
+    feeds = {name: (rng.standard_normal(d["shape"]) * 0.1).astype(d["dtype"]) if np.issubdtype(d["dtype"], np.floating)
+             else np.full(d["shape"], 3, d["dtype"]) for name, d in runner.get_input_details().items()}
+    return runner(**feeds)
+
+
+def test_the_bundle_stores_the_tied_table_once_and_each_section_runs_as_its_file(quantized):
+    from ai_edge_litert import schema_py_generated as schema
 
     recipe, folder, manifest = quantized
     lite = manifest.backend("litert")
-    bundle = litertlm_utils.LiteRTLMFile(folder / lite.graphs["bundle"].file)
-    sections = {bundle.get_model_type(i): bytes(bundle.get_section_buffer(i)) for i, s in enumerate(bundle.sections)
-                if s.dataType == litertlm_utils.AnySectionDataType.TFLiteModel}
-    assert set(sections) == set(litert_quant.BUNDLE_SECTIONS.values())
-    for name, section in litert_quant.BUNDLE_SECTIONS.items():
-        assert sections[section] == (folder / lite.graphs[name].file).read_bytes(), section
+    path = folder / lite.graphs["bundle"].file
+    sections, raw = _sections(path), path.read_bytes()
+    assert set(sections) == set(litert_bundle.BUNDLE_SECTIONS.values())
+    shared = lite.options.bundle["shared"]  # the tied table's data (and a 4-bit table's scales buffer)
+    assert set(shared) == {"tf_lite_prefill_decode"} and set(shared["tf_lite_prefill_decode"]) == {"tf_lite_embedder"}
+    assert TABLE in shared["tf_lite_prefill_decode"]["tf_lite_embedder"]
+    for name, section in litert_bundle.BUNDLE_SECTIONS.items():
+        begin, end = sections[section]
+        file = (folder / lite.graphs[name].file).read_bytes()
+        if section not in shared:
+            assert raw[begin:end] == file, section
+    begin, end = sections["tf_lite_prefill_decode"]
+    assert end == sections["tf_lite_embedder"][1]  # the target's range reaches over the embedder's table
+    target = folder / lite.graphs["target"].file
+    model = schema.ModelT.InitFromPackedBuf(raw[begin:end], 0)
+    places = {t.name.decode(): int(model.buffers[t.buffer].offset) for sg in model.subgraphs for t in sg.tensors}
+    assert places["w:" + TABLE] > sections["tf_lite_embedder"][0] - begin  # read from the embedder's section
+    want, got = _decode_outputs(model_path=str(target)), _decode_outputs(model_content=raw[begin:end])
+    assert set(want) == set(got) and all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_a_weight_whose_bytes_differ_is_not_shared(litert_exports, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    copy = Path(shutil.copytree(litert_exports(LITERT_VARIANTS[0]), tmp_path / "copy"))
+    embedder = bytearray((copy / "embedder.tflite").read_bytes())
+    embedder[-1] ^= 0xFF  # the table's last byte: same name and size, other bytes
+    (copy / "embedder.tflite").write_bytes(bytes(embedder))
+    files = {s: copy / f"{n}.tflite" for n, s in litert_bundle.BUNDLE_SECTIONS.items()}
+    assert litert_bundle.rebuild_bundle(copy / "model.litertlm", files).shared == {}
+    begin, end = _sections(copy / "model.litertlm")["tf_lite_prefill_decode"]
+    assert (copy / "model.litertlm").read_bytes()[begin:end] == (copy / "target.tflite").read_bytes()
+    assert not list(copy.glob(".*"))  # no temporary left
 
 
 def test_speculative_equals_plain_on_the_quantized_graphs(quantized, float_export):

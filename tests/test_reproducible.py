@@ -110,7 +110,7 @@ def test_the_bundle_header_is_named_by_its_sections_and_litert_lm_loads_it(liter
     import litert_lm
     from ai_edge_quantizer.utils import litertlm_utils
 
-    from mtpkit.export.backends.litert.quantization import BUNDLE_SECTIONS, rebuild_bundle
+    from mtpkit.export.backends.litert.bundle import BUNDLE_SECTIONS, rebuild_bundle
 
     folder = Path(litert_exports(PAIR))
     header = litertlm_utils.LiteRTLMFile(folder / "model.litertlm").get_system_metadata()

@@ -55,7 +55,7 @@ def _in_fixed_order():
 def _grafted_after_packaging(weights: graft.WeightInputs, source):
     """export_hf writes weightless graphs (WeightInputs) and bundles them as they are (a bundle of a few MB);
     then the checkpoint's weights are grafted into each graph in its work folder. The bundle gets the final
-    graphs' bytes once they exist (quantization.rebuild_bundle), so no float copy of the model is bundled."""
+    graphs' bytes once they exist (bundle.rebuild_bundle), so no float copy of the model is bundled."""
     from litert_torch.generative.export_hf.core import litert_lm_builder
 
     real = litert_lm_builder.package_model
@@ -139,7 +139,8 @@ def manifest_entry(folder: Path, info: dict) -> Backend:
     options = LiteRtOptions(max_draft=info["max_draft"], mask=info["mask"], kv_cache=info["kv_cache"],
                             drafter_visibility=info["drafter_visibility"], prefill=names["prefill"],
                             draft_windows=names.get("draft_windows"),
-                            bundle={"file": bundle, "sections": info["bundle"].get("sections")})
+                            bundle={"file": bundle, "sections": info["bundle"].get("sections"),
+                                    "shared": info["bundle"].get("shared", {})})
     return Backend("litert", "state", graphs, sigs, options)
 
 
@@ -176,11 +177,13 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
             shutil.move(str(work / src), str(out_dir / dst))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    shared = {}
     if bundled:
-        from .quantization import BUNDLE_SECTIONS, rebuild_bundle
+        from .bundle import BUNDLE_SECTIONS, rebuild_bundle
 
-        rebuild_bundle(out_dir / "model.litertlm", {section: out_dir / f"{name}.tflite"
-                                                    for name, section in BUNDLE_SECTIONS.items()})
+        shared = rebuild_bundle(out_dir / "model.litertlm", {section: out_dir / f"{name}.tflite"
+                                                             for name, section in BUNDLE_SECTIONS.items()}).shared
     info = describe(out_dir, target_adapter, target_model.config, prefill_len=prefill_len, cache_len=cache_len,
                     max_draft=max_draft)
+    info["bundle"]["shared"] = shared
     return info

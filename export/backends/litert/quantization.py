@@ -1,15 +1,10 @@
 """LiteRT quantization: each float .tflite re-grafted with quantized weights (graft.py), streamed from its
-own memory map, then the .litertlm bundle's sections swapped for the results. `quantize` is the backend's entry
+own memory map, then the .litertlm bundle rebuilt from the results (bundle.py). `quantize` is the backend's entry
 point (export/backends/litert/__init__.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +14,9 @@ from mtpkit.runtime.manifest import Backend, GraphFile, LiteRtOptions, Signature
 from ... import int4
 from ...recipes import FP32, KEPT_8BIT, Recipe
 from ...recipes import recipe as recipe_named
-from ...scoped import litertlm_identity
+from .bundle import BUNDLE_SECTIONS, rebuild_bundle
 
 # ---- quantization: each float .tflite re-grafted, then the bundle's sections swapped for the results ----
-
-# graph key in the manifest -> the type of its .litertlm section (litert_lm_builder.TfLiteModelType)
-BUNDLE_SECTIONS = {"target": "tf_lite_prefill_decode", "embedder": "tf_lite_embedder",
-                   "per_layer_embedder": "tf_lite_per_layer_embedder", "drafter": "tf_lite_mtp_drafter"}
 
 
 def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size: int = 32,
@@ -74,11 +65,11 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, str], block_size
     if not changed:
         return backend
     bundle = graphs["bundle"].file
-    sections = rebuild_bundle(folder / bundle, {BUNDLE_SECTIONS[n]: folder / graphs[n].file
-                                                for n in BUNDLE_SECTIONS if n in graphs})
+    layout = rebuild_bundle(folder / bundle, {BUNDLE_SECTIONS[n]: folder / graphs[n].file
+                                              for n in BUNDLE_SECTIONS if n in graphs})
     graphs["bundle"] = dataclasses.replace(_graph_file(folder, bundle), recipe=graphs["target"].recipe)
-    bundled = {**options.bundle, "section_recipes": {
-        section: graphs[name].recipe for name, section in BUNDLE_SECTIONS.items() if section in sections}}
+    bundled = {**options.bundle, "shared": layout.shared, "section_recipes": {
+        section: graphs[name].recipe for name, section in BUNDLE_SECTIONS.items() if section in layout.sections}}
     options = dataclasses.replace(options, bundle=bundled, quantization=detail)
     return dataclasses.replace(backend, graphs=graphs, signatures=redescribe(folder, graphs, backend.signatures),
                                options=options)
@@ -173,110 +164,6 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
         return Encoding("int4", block, searched=searched, importance=plan.importance_of(name) if searched else None)
 
     return choose
-
-
-def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> list[str]:
-    """Replace every .tflite section of the .litertlm by the file of its section type, keeping the other sections
-    (metadata, tokenizer) and the section order; check the result carries exactly the files' bytes. Sections are
-    copied from the files a block at a time, never held in memory. The header's uuid is named by the sections and
-    its time fixed (_content_uuid), so the same sections always give the same file.
-
-    Returns the section types of the bundle's TFLite sections.
-    """
-    from ai_edge_quantizer.utils import litertlm_utils
-
-    bundle = Path(bundle)
-    source = litertlm_utils.LiteRTLMFile(bundle)
-    overrides, types = {}, []
-    for i, section in enumerate(source.sections):
-        if section.dataType != litertlm_utils.AnySectionDataType.TFLiteModel:
-            continue
-        section_type = source.get_model_type(i)
-        if section_type not in files:
-            raise RuntimeError(f"{bundle.name}: section {i} has model_type {section_type!r}, which no exported "
-                               f"file provides (have {', '.join(files)})")
-        overrides[i] = _FileSection(Path(files[section_type]))
-        types.append(section_type)
-    missing = set(files) - set(types)
-    if missing:
-        raise RuntimeError(f"{bundle.name} has no section for {', '.join(sorted(missing))}")
-    tmp = bundle.with_name(f".{bundle.name}.rebuilt")
-    try:
-        with _streamed_output(litertlm_utils.mmap_utils), litertlm_identity(_content_uuid(source, overrides)):
-            source.serialize(tmp, overrides)
-        rebuilt = litertlm_utils.LiteRTLMFile(tmp).sections
-        for i, section in overrides.items():
-            if not _same_bytes(section.path, tmp, rebuilt[i].beginOffset, rebuilt[i].endOffset):
-                raise RuntimeError(f"{bundle.name}: rebuilt section {i} ({source.get_model_type(i)}) differs "
-                                   f"from {section.path.name}")
-        shutil.copymode(bundle, tmp)
-        tmp.replace(bundle)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return types
-
-
-_BLOCK = 64 << 20  # bytes copied or compared at a time
-
-
-def _content_uuid(source, overrides: dict) -> str:
-    """The bundle's uuid, named by its sections (each one's metadata and sha256, in order): the same sections give
-    the same uuid, and any changed section a new one, as a drawn uuid4 would (export/scoped.py litertlm_identity)."""
-    digest = hashlib.sha256()
-    for i in range(len(source.sections)):
-        data = sha256_file(overrides[i].path) if i in overrides else hashlib.sha256(
-            source.get_section_buffer(i)).hexdigest()
-        items = json.dumps(source.get_section_metadata(i), sort_keys=True, default=str)
-        digest.update(f"{i} {source.sections[i].dataType} {items} {data}\n".encode())
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"sha256:{digest.hexdigest()}"))
-
-
-class _FileSection:
-    """A section override that serialize sizes by len() and _StreamedFile copies from its file."""
-
-    def __init__(self, path: Path):
-        self.path, self.size = path, path.stat().st_size
-
-    def __len__(self) -> int:
-        return self.size
-
-
-class _StreamedFile:
-    """serialize's output file: bytes are written as given, a _FileSection is copied in from its file."""
-
-    def __init__(self, path):
-        self.f = open(path, "wb")
-
-    def write(self, data) -> int:
-        if not isinstance(data, _FileSection):
-            return self.f.write(data)
-        with open(data.path, "rb") as src:
-            shutil.copyfileobj(src, self.f, _BLOCK)
-        return data.size
-
-    def close(self) -> None:
-        self.f.close()
-
-
-@contextlib.contextmanager
-def _streamed_output(mmap_utils):
-    """ai-edge-quantizer 0.10.0's LiteRTLMFile.serialize writes into a memory map of the whole output and takes
-    every section as an in-memory buffer; give it a plain file that streams _FileSection overrides instead."""
-    from ...scoped import patched
-
-    with patched(mmap_utils, "get_mapped_buffer_or_none", lambda path, size: _StreamedFile(path)):
-        yield
-
-
-def _same_bytes(path: Path, other: Path, begin: int, end: int) -> bool:
-    if path.stat().st_size != end - begin:
-        return False
-    with open(path, "rb") as a, open(other, "rb") as b:
-        b.seek(begin)
-        while chunk := a.read(_BLOCK):
-            if b.read(len(chunk)) != chunk:
-                return False
-    return True
 
 
 def redescribe(folder: Path, graphs: dict[str, GraphFile], signatures: dict[str, Signature]) -> dict[str, Signature]:

@@ -8,7 +8,8 @@ e4b_text_dense_kv_eq: 12 layers, cache 512; the centroid head's selection from t
 quantized weight adds to it at each place (a signature's subgraph) that reads it, measured on
 e2b_gemma4_centroid's fp16 / int8 / int4 copies (quant_report.derive_quantized). The e4b copies, not fitted, land
 within 0.6%. model.litertlm is litert-lm-builder's 16 KiB blocks: a header, the metadata (chat
-template, one entry per KV cache), the tokenizer.json zlib-compressed, then the four .tflite files.
+template, one entry per KV cache), the tokenizer.json zlib-compressed, then the four .tflite files, a weight that
+a later section stores with the same encoding left out of the earlier one (bundle.py: the tied table, stored once).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import zlib
 from ...sizes import PlannedFile, SizeJob, tally
 from .describe import draft_windows
 from .graft import SLACK, Encoding, aligned
-from .quantization import BUNDLE_SECTIONS, OPS, encoding_for, graph_recipe, stored_recipe
+from .bundle import BUNDLE_SECTIONS
+from .quantization import OPS, encoding_for, graph_recipe, stored_recipe
 
 # flatbuffer bytes (measured, see the docstring): the target per decoder layer (its three signatures: prefill,
 # decode, verify), the per-layer embedder fixed and per layer, the embedder fixed, the drafter per drafter layer and
@@ -44,11 +46,36 @@ def plan_files(job: SizeJob) -> list[PlannedFile]:
     return [*graphs, _bundle(job, graphs)]
 
 
-def _graph(job: SizeJob, graph: str) -> PlannedFile:
+def _chooser(job: SizeJob, graph: str):
+    """(the graph's side, its encoding_for) under the job's recipes."""
     cfg = job.cfg
     side = "drafter" if graph == "drafter" else "target"
     recipe = graph_recipe(stored_recipe(cfg.recipes[side]), graph, cfg.ple_bits)
-    choose = encoding_for(recipe, graph, cfg.block_size, cfg.ple_bits, job.plans.get(side))
+    return side, recipe, encoding_for(recipe, graph, cfg.block_size, cfg.ple_bits, job.plans.get(side))
+
+
+def _stored_once(job: SizeJob) -> tuple[dict[str, int], list[str]]:
+    """The bytes each graph's section leaves to a later section (a weight both store with the same encoding,
+    bundle.py), and those weights' names."""
+    order, saved, names = list(BUNDLE_SECTIONS), {}, []
+    for k, graph in enumerate(order):
+        side, _, choose = _chooser(job, graph)
+        for later in order[k + 1:]:
+            later_side, _, choose_later = _chooser(job, later)
+            for w in job.side(side) if later_side == side else ():
+                if graph not in w.stored or later not in w.stored or w.index_bytes is not None:
+                    continue
+                enc = choose(w.name, w.shape, {OPS[u] for u in w.stored[graph]})
+                if _label(enc) == _label(choose_later(w.name, w.shape, {OPS[u] for u in w.stored[later]})):
+                    saved[graph] = saved.get(graph, 0) + aligned(enc.data_bytes(w.shape)) + \
+                        aligned(enc.scale_bytes(w.shape))
+                    names.append(w.name)
+    return saved, names
+
+
+def _graph(job: SizeJob, graph: str) -> PlannedFile:
+    side, recipe, choose = _chooser(job, graph)
+    cfg = job.cfg
     places = _signatures(job, graph)
     head, parts = _structure(job, graph), []
     for w in (w for w in job.side(side) if graph in w.stored):
@@ -89,12 +116,14 @@ def _structure(job: SizeJob, graph: str) -> int:
 def _bundle(job: SizeJob, graphs: list[PlannedFile]) -> PlannedFile:
     """model.litertlm: each section at a 16 KiB boundary after a 16 KiB header; the last one unpadded."""
     caches = 2 * len(job.kv_layers)
+    saved, shared = _stored_once(job)
     sections = [METADATA_FIXED + len(_chat_template(job).encode()), EXECUTOR_PER_CACHE * caches,
                 8 + len(zlib.compress((job.target_folder / "tokenizer.json").read_bytes())),
-                *(g.bytes for g in graphs)]
+                *(g.bytes - saved.get(name, 0) for name, g in zip(BUNDLE_SECTIONS, graphs))]
     size = BLOCK + sum(-(-n // BLOCK) * BLOCK for n in sections[:-1]) + sections[-1]
-    return PlannedFile("model.litertlm", size, None, note="the four .tflite files, metadata and the tokenizer, "
-                                                            "for LiteRT-LM")
+    once = f"; {', '.join(shared)} stored once" if shared else ""
+    return PlannedFile("model.litertlm", size, None, note=f"the four .tflite files, metadata and the tokenizer, for "
+                                                            f"LiteRT-LM{once}")
 
 
 def _chat_template(job: SizeJob) -> str:
