@@ -24,7 +24,7 @@ from pathlib import Path
 from mtpkit.runtime.manifest import sha256_file
 
 from ...scoped import litertlm_identity
-from .graft import SLACK, WEIGHT, _pack, aligned, read_map
+from .graft import WEIGHT, _pack, lay_out, read_map
 
 # graph key in the manifest -> the type of its .litertlm section (litert_lm_builder.TfLiteModelType)
 BUNDLE_SECTIONS = {"target": "tf_lite_prefill_decode", "embedder": "tf_lite_embedder",
@@ -176,28 +176,21 @@ def _begins(source, overrides: dict) -> list[int]:
 
 class _Stripped:
     """A graph's copy without the named weights: its other weights laid out again after the flatbuffer as graft.py
-    lays them (in the same order), the named ones' offsets left to point()."""
+    lays them (graft.lay_out, in their order), the named ones' offsets left to point()."""
 
     def __init__(self, graph: _Graph, names: set[str], path: Path):
-        self.graph, self.path, self.names = graph, path, names
+        self.graph, self.path = graph, path
         model, gone = graph.model, {graph.named[n] for n in names}
         kept = sorted((int(b.offset), k) for k, b in enumerate(model.buffers) if b.offset > 1 and k not in gone)
-        self.moves = []  # (old offset, new offset, size)
         for k in gone:
             model.buffers[k].offset = _PLACEHOLDER
-        cursor = aligned(len(_pack(model)) + SLACK)
-        for old, k in kept:
-            size = int(model.buffers[k].size)
-            model.buffers[k].offset = cursor
-            self.moves.append((old, cursor, size))
-            cursor = aligned(cursor + size)
-        end = max((new + size for _, new, size in self.moves), default=len(_pack(model)))
+        end = lay_out(model, [(k, int(model.buffers[k].size)) for _, k in kept])
         with open(path, "wb") as f:
             f.write(_pack(model))
-            for old, new, size in self.moves:
-                f.seek(new)
-                view = memoryview(graph.raw)[old:old + size]
-                for start in range(0, size, _BLOCK):
+            for old, k in kept:
+                f.seek(model.buffers[k].offset)
+                view = memoryview(graph.raw)[old:old + int(model.buffers[k].size)]
+                for start in range(0, len(view), _BLOCK):
                     f.write(view[start:start + _BLOCK])
             f.truncate(end)
 

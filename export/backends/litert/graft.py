@@ -336,13 +336,9 @@ def _write(model, plan: list[dict], source, out: Path) -> dict[str, str]:
     for i, buf in enumerate(model.buffers):  # a re-grafted file's old weight buffers: unreferenced from here on
         if buf.offset > 1 and i not in fresh:
             buf.offset, buf.size = 0, 0
-    head = _pack(model)
-    cursor = aligned(len(head) + SLACK)
-    for p in plan:
-        for key, size in (("data", p["enc"].data_bytes(p["shape"])), ("scales", p["enc"].scale_bytes(p["shape"]))):
-            if p[key] is not None:
-                model.buffers[p[key]].offset, model.buffers[p[key]].size = cursor, size
-                cursor = aligned(cursor + size)
+    lay_out(model, [(p[key], size) for p in plan for key, size in (("data", p["enc"].data_bytes(p["shape"])),
+                                                                   ("scales", p["enc"].scale_bytes(p["shape"])))
+                     if p[key] is not None])
     head = _pack(model)
     tmp = out.with_name(f".{out.name}.partial")
     encodings = {}
@@ -366,6 +362,18 @@ def _write(model, plan: list[dict], source, out: Path) -> dict[str, str]:
 
 def aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def lay_out(model, buffers: list[tuple[int, int]]) -> int:
+    """Place buffers (index, size) after the flatbuffer in the given order: the first SLACK bytes past the packed
+    flatbuffer's end, each at a 64-byte aligned offset. Returns where the last one ends (the flatbuffer's end if none)."""
+    end = len(_pack(model))
+    cursor = aligned(end + SLACK)
+    for k, size in buffers:
+        model.buffers[k].offset, model.buffers[k].size = cursor, size
+        end = cursor + size
+        cursor = aligned(end)
+    return end
 
 
 def _write_weight(f, model, p: dict, source) -> str:

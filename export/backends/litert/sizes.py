@@ -55,20 +55,18 @@ def _chooser(job: SizeJob, graph: str):
 
 
 def _stored_once(job: SizeJob) -> tuple[dict[str, int], list[str]]:
-    """The bytes each graph's section leaves to a later section (a weight both store with the same encoding,
-    bundle.py), and those weights' names."""
-    order, saved, names = list(BUNDLE_SECTIONS), {}, []
-    for k, graph in enumerate(order):
-        side, _, choose = _chooser(job, graph)
-        for later in order[k + 1:]:
-            later_side, _, choose_later = _chooser(job, later)
-            for w in job.side(side) if later_side == side else ():
-                if graph not in w.stored or later not in w.stored or w.index_bytes is not None:
-                    continue
-                enc = choose(w.name, w.shape, {OPS[u] for u in w.stored[graph]})
-                if _label(enc) == _label(choose_later(w.name, w.shape, {OPS[u] for u in w.stored[later]})):
-                    saved[graph] = saved.get(graph, 0) + aligned(enc.data_bytes(w.shape)) + \
-                        aligned(enc.scale_bytes(w.shape))
+    """The bytes each graph's section leaves to the last later section storing the same weight with the same
+    encoding (bundle.py keeps that one's copy), and those weights' names."""
+    saved: dict[str, int] = {}
+    names = []
+    for side in ("target", "drafter"):
+        for w in job.side(side):
+            held = [g for g in BUNDLE_SECTIONS if g in w.stored] if w.index_bytes is None else []
+            encs = {g: _chooser(job, g)[2](w.name, w.shape, {OPS[u] for u in w.stored[g]}) for g in held}
+            for g in held[:-1]:
+                if _label(encs[g]) == _label(encs[held[-1]]):
+                    enc = encs[g]
+                    saved[g] = saved.get(g, 0) + aligned(enc.data_bytes(w.shape)) + aligned(enc.scale_bytes(w.shape))
                     names.append(w.name)
     return saved, names
 
