@@ -143,11 +143,12 @@ def _textless_ids(tok) -> set[int]:
 
 
 def plans(recipes: dict[str, Recipe], target, adapters: dict, encode, bos_id: int, path: Path | None = None,
-          ple_bits: int = 8) -> dict:
+          ple_bits: int = 8, low_bit: tuple[str, ...] = ()) -> dict:
     """export/int4.Int4Plan per side ("target", "drafter") whose recipe is an int4 one. recipes and adapters: side
     -> recipe / export/models module. int4 on the target runs the calibration prompts (path, checked by check_file
     before the export began, or the built-in set) through the PyTorch target for the scale search's importance.
-    The per-layer-embedding path keeps 8 bits unless ple_bits is 4."""
+    The per-layer-embedding path keeps 8 bits unless ple_bits is 4. low_bit: what --max-size lowered on the target
+    (export/sizes.fit_size)."""
     from . import int4
 
     out, importance_of, record = {}, None, None
@@ -162,7 +163,7 @@ def plans(recipes: dict[str, Recipe], target, adapters: dict, encode, bos_id: in
                 importance(target, prompts, adapters[side].INT4_COMPENSATE), record["tokens"])
         mine = side == "target"
         out[side] = int4.plan(recipe, kept_8bit(adapters[side], ple_bits, recipe), importance_of if mine else None,
-                              record if mine else None)
+                              record if mine else None, low_bit if mine else ())
     return out
 
 

@@ -61,6 +61,11 @@ class ExportConfig:
     ple_quant: str | None = flag(None, "per-layer-embedding table under the int recipes: int8, or int4 (half the "
                                        "bytes of the largest table; quant_fidelity.json shows what it costs) "
                                        "(default: int4 under --quant mobile, else int8)", choices=PLE_RECIPES)
+    max_size: float | None = flag(None, "the most bytes (GB, 1e9) a device downloads: LiteRT's model.litertlm, or "
+                                        "the ONNX files when no LiteRT bundle is written. --quant mobile lowers the "
+                                        "target's KV-shared layers' MLPs to 2 bits, the first of them first, until the "
+                                        "size plan fits; a plan that cannot fit is refused before any weight loads",
+                                  type=float, metavar="GB")
     block_size: int = flag(32, "int8/int4 block along the input dimension", type=int, choices=BLOCK_SIZES)
     fuse: bool = flag(True, "ONNX graphs of standard ops only, for runtimes older than ONNX Runtime 1.20 (slower per "
                             "decode call: docs/performance.md, section 0)")
@@ -113,6 +118,9 @@ class ExportConfig:
             raise UsageError("--prefill-len and --max-draft must be >= 1")
         if self.max_cache_len is not None and self.max_cache_len < MIN_CACHE_LEN:
             raise UsageError(f"--max-cache-len must be at least {MIN_CACHE_LEN}, got {self.max_cache_len}")
+        if self.max_size is not None:
+            object.__setattr__(self, "max_size", check_number("--max-size", self.max_size, 0, low_open=True,
+                                                              hint="; give it in GB, e.g. 3.66"))
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", check_number("--memory-budget", self.memory_budget, 0,
                                                                    low_open=True, hint="; give it in GiB, e.g. 20"))

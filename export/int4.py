@@ -29,17 +29,22 @@ from .recipes import Recipe
 # +7 / -8 for a finer step on the rest (the negative extreme is exact at 8)
 SCALE_GRID = np.linspace(6.5, 8.5, 17, dtype=np.float32)
 RTN_GRID = np.array([7.0], np.float32)  # int4-rtn: the absmax / 7 alone
+# 2 bits (codes -2..1): far coarser steps, so a wider search; most blocks clip their largest values
+TWO_BIT_GRID = np.linspace(1.0, 2.6, 17, dtype=np.float32)
 _ELEMENTS = 1 << 22  # weights searched at a time (16 MiB of float32): the search's temporaries stay ~100 MiB
 
 
 def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None,
-           grid: np.ndarray = SCALE_GRID) -> tuple[np.ndarray, np.ndarray]:
-    """(codes int8 [n, k] in -8..7, scales float16 [n, k // block], all positive) of rows [n, k], blockwise along
+           grid: np.ndarray | None = None, bits: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 [n, k] in -2^(bits-1)..2^(bits-1)-1 (4 bits: -8..7; 2 bits: -2..1), scales float16
+    [n, k // block], all positive) of rows [n, k], blockwise along
     k, each block's scale the `grid` candidate with the least squared error, weighted by `importance`: [k], the
     mean square input activation per channel (None: unweighted), or [k, k], the mean x x^T, which also compensates
     each column's rounding error on the columns after it (GPTQ). RTN_GRID gives int4-rtn. Rows are independent,
-    so any slicing of the rows gives the same result."""
+    so any slicing of the rows gives the same result. grid: SCALE_GRID at 4 bits, TWO_BIT_GRID at 2 (None)."""
     n, k = rows.shape
+    grid = grid if grid is not None else TWO_BIT_GRID if bits == 2 else SCALE_GRID
+    levels = code_range(bits)
     if k % block:
         raise ValueError(f"width {k} is not a multiple of the int4 block {block}")
     codes, scales = np.empty((n, k), np.int8), np.empty((n, k // block), np.float16)
@@ -51,9 +56,14 @@ def encode(rows: np.ndarray, block: int, importance: np.ndarray | None = None,
     for start in range(0, n, step):
         stop = min(n, start + step)
         part = rows[start:stop]
-        codes[start:stop], scales[start:stop] = _compensated(part, block, weight, grid, factor) if full else \
-            _search(part.reshape(stop - start, k // block, block), weight, grid)
+        codes[start:stop], scales[start:stop] = _compensated(part, block, weight, grid, factor, levels) if full \
+            else _search(part.reshape(stop - start, k // block, block), weight, grid, levels)
     return codes, scales
+
+
+def code_range(bits: int) -> tuple[int, int]:
+    """(lowest, highest) signed code of a symmetric `bits`-wide encoding: -8..7 at 4 bits, -2..1 at 2."""
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
 
 
 def _inverse_factor(hessian: np.ndarray, damp: float = 0.01) -> np.ndarray:
@@ -67,7 +77,7 @@ def _inverse_factor(hessian: np.ndarray, damp: float = 0.01) -> np.ndarray:
 
 
 def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndarray,
-                 factor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 factor: np.ndarray, levels: tuple[int, int] = (-8, 7)) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ over one slice of rows: blocks in order, each block's scale searched on the weights as corrected so
     far, each column rounded with it and its error spread over the later columns (within the block one column at
     a time, beyond it once per block as one matrix product)."""
@@ -76,12 +86,12 @@ def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndar
     codes, scales = np.empty((n, k), np.int8), np.empty((n, k // block), np.float16)
     for b, g in enumerate(range(0, k, block)):
         e = g + block
-        _, s = _search(w[:, g:e].reshape(n, 1, block), weight[:, b:b + 1], grid)
+        _, s = _search(w[:, g:e].reshape(n, 1, block), weight[:, b:b + 1], grid, levels)
         scale = s[:, 0].astype(np.float32)
         scales[:, b] = s[:, 0]
         errors = np.empty((n, block), np.float32)
         for j in range(g, e):
-            q = np.clip(np.rint(w[:, j] / scale), -8, 7)
+            q = np.clip(np.rint(w[:, j] / scale), *levels)
             codes[:, j] = q
             errors[:, j - g] = (w[:, j] - q * scale) / factor[j, j]
             w[:, j + 1:e] -= np.outer(errors[:, j - g], factor[j, j + 1:e])
@@ -89,10 +99,11 @@ def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndar
     return codes, scales
 
 
-def _search(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _search(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray,
+            levels: tuple[int, int] = (-8, 7)) -> tuple[np.ndarray, np.ndarray]:
     blocks = blocks.astype(np.float32, copy=False)
-    scale = best_scales(blocks, weight, grid)
-    return _codes(blocks, scale).reshape(blocks.shape[0], -1), scale.astype(np.float16)
+    scale = best_scales(blocks, weight, grid, *levels)
+    return _codes(blocks, scale, *levels).reshape(blocks.shape[0], -1), scale.astype(np.float16)
 
 
 def best_scales(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray, lo: int = -8,
@@ -155,10 +166,12 @@ class Int4Plan:
     """What each weight of one side (target or drafter) becomes under an int4 recipe. keep_8bit: substrings of
     weight names kept at 8 bits (the model adapter's INT4_KEEP_8BIT; empty for int4-rtn). importance: weight_key
     -> mean square input activation per channel from calibration, or the full mean x x^T for a weight whose
-    rounding errors are compensated (empty: unweighted scales)."""
+    rounding errors are compensated (empty: unweighted scales). low_bit: weight_key prefixes ("layers.20.mlp") at
+    the recipe's low_bits, what a size budget lowered (export/sizes.fit_size)."""
 
     recipe: Recipe
     keep_8bit: tuple[str, ...] = ()
+    low_bit: tuple[str, ...] = ()
     importance: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     calibration: Mapping = dataclasses.field(default_factory=dict, compare=False)  # what importance came from
 
@@ -168,7 +181,11 @@ class Int4Plan:
         return self.recipe.search_scales
 
     def bits(self, name: str) -> int:
-        return 8 if any(k in name for k in self.keep_8bit) else 4
+        if any(k in name for k in self.keep_8bit):
+            return 8
+        key = weight_key(name) or ""
+        lowered = self.recipe.low_bits and any(key.startswith(prefix + ".") for prefix in self.low_bit)
+        return self.recipe.low_bits if lowered else 4
 
     def importance_of(self, name: str) -> np.ndarray | None:
         """[k] mean square input per channel, [k, k] mean x x^T (error compensated), or None."""
@@ -177,8 +194,9 @@ class Int4Plan:
 
 
 def label(bits: int, block: int, importance: np.ndarray | None = None) -> str:
-    """How a weight is stored, as manifest.json records it: "int8/b32", "int4/b32", "int4/b32/gptq" (compensated)."""
-    return f"int{bits}/b{block}" + ("/gptq" if bits == 4 and np.ndim(importance) == 2 else "")
+    """How a weight is stored, as manifest.json records it: "int8/b32", "int4/b32", "int4/b32/gptq" (compensated),
+    "int2/b1536/gptq"."""
+    return f"int{bits}/b{block}" + ("/gptq" if bits < 8 and np.ndim(importance) == 2 else "")
 
 
 def require_plan(recipe: Recipe, plan: Int4Plan | None, side: str) -> None:
@@ -189,10 +207,13 @@ def require_plan(recipe: Recipe, plan: Int4Plan | None, side: str) -> None:
 
 
 def plan(recipe: Recipe, keep_8bit: tuple[str, ...], importance: Mapping[str, np.ndarray] | None = None,
-         calibration: Mapping | None = None) -> Int4Plan:
-    """The recipe's plan; round-to-nearest (no scale search) keeps no weight at 8 bits and uses no activations."""
+         calibration: Mapping | None = None, low_bit: tuple[str, ...] = ()) -> Int4Plan:
+    """The recipe's plan; round-to-nearest (no scale search) keeps no weight at 8 bits and uses no activations.
+    low_bit: the weight_key prefixes a size budget lowered to the recipe's low_bits (a recipe without them: none)."""
     if not recipe.int4:
         raise ValueError(f"{recipe.name!r} is not an int4 recipe")
+    if low_bit and not recipe.low_bits:
+        raise ValueError(f"{recipe.name!r} has no lower width for {low_bit[0]}")
     if not recipe.search_scales:
-        return Int4Plan(recipe)
-    return Int4Plan(recipe, tuple(keep_8bit), dict(importance or {}), dict(calibration or {}))
+        return Int4Plan(recipe, low_bit=tuple(low_bit))
+    return Int4Plan(recipe, tuple(keep_8bit), tuple(low_bit), dict(importance or {}), dict(calibration or {}))

@@ -23,7 +23,7 @@ from mtpkit.version import __version__
 
 from . import calibration, fidelity
 from . import reference as reference_lib
-from . import outdir, preflight, reproduce, verify
+from . import outdir, preflight, reproduce, sizes, verify
 from .backends import ExportJob, backend_module
 from .mapped import CHECKPOINT, GRAPHS, page_out
 from .checkpoint import TOKENIZER_FILES, CheckpointError, Source, resolve, safetensors_files
@@ -47,13 +47,14 @@ def export_model(cfg: ExportConfig) -> Path:
     started = time.time()
     import_quietly()
     record = reproduce.record(cfg)  # the flags as given: a re-run adapts the same defaults the same way
-    cfg, (target_src, drafter_src), adapters, _ = prepare(cfg)
+    cfg, (target_src, drafter_src), adapters, configs = prepare(cfg)
     estimate = preflight.check(cfg, target_src, drafter_src)  # before any weights load or --out is touched
+    low_bit = sizes.fit_size(cfg, (target_src, drafter_src), adapters, configs)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     lock, tmp = outdir.claim(cfg.out, cfg.force), None  # one writer per folder; removes a killed run's leftovers
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{cfg.out.name}.partial-", dir=cfg.out.parent))
-        phases = _export_into(cfg, tmp, (target_src, drafter_src), adapters, estimate, record)
+        phases = _export_into(cfg, tmp, (target_src, drafter_src), adapters, estimate, record, low_bit)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -85,7 +86,8 @@ def prepare(cfg: ExportConfig) -> tuple[ExportConfig, tuple[Source, Source], tup
     return cfg, (target_src, drafter_src), adapters, configs
 
 
-def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate, record: dict) -> PhaseLog:
+def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate, record: dict,
+                 low_bit: tuple[str, ...] = ()) -> PhaseLog:
     """The stages into the temporary folder tmp, each taking and returning the manifest (a frozen record, kept in
     memory): load, each backend's graphs, the transformers reference, the check against PyTorch, quantization and
     fidelity, the drafter's acceptance; then manifest.json is written, once, with `export` (how to re-run it,
@@ -96,8 +98,8 @@ def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, 
     phases = PhaseLog(total=3 + len(cfg.backend) + cfg.check + quantized + 1, resident_cap=estimate.resident_cap)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with phases.phase("load", f"loading target {cfg.target} and drafter {cfg.drafter}"):
-        job = _job(cfg, tmp, target_adapter.load(target_src, estimate.dtype), drafter_adapter.load(drafter_src),
-                   adapters, sources)
+        job = dataclasses.replace(_job(cfg, tmp, target_adapter.load(target_src, estimate.dtype),
+                                       drafter_adapter.load(drafter_src), adapters, sources), low_bit=low_bit)
     log.info("  target weights held in %s", str(next(job.target.parameters()).dtype).removeprefix("torch."))
     with target_adapter.fp32_compute(job.target):  # PyTorch computes in fp32 whatever the weights are held in
         manifest = _graphs(job, phases, sources)
@@ -169,7 +171,8 @@ def _quantize(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> Manifest:
         page_out(*GRAPHS)  # the float graphs' pages: rewritten next, not read again
         recipes = cfg.recipes
         plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
-                                  _encoder(job.folder), manifest.tokens.bos, cfg.calibration, cfg.ple_bits)
+                                  _encoder(job.folder), manifest.tokens.bos, cfg.calibration, cfg.ple_bits,
+                                  job.low_bit)
         page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
         backends = {kind: backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size,
                                                          cfg.accuracy_level, ple_bits=cfg.ple_bits, plans=plans)

@@ -104,12 +104,14 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
 
 
 def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], block_size: int,
-                     ple_bits: int | None = None, checkpoints: tuple[str, str] | None = None) -> Path:
+                     ple_bits: int | None = None, checkpoints: tuple[str, str] | None = None,
+                     low_bit: tuple[str, ...] = ()) -> Path:
     """A copy of the float export with the pair's recipes applied to every backend in it (the float export
     itself for fp32-fp32); ple_bits: the per-layer-embedding table's bits (`--ple-quant`; None: the target
     recipe's own, 4 under mobile, else 8).
     checkpoints (target, drafter; default: the folders the float export was read from) give the int4 recipes
-    their model adapters and int4 its calibration of the target on the built-in set, as `mtpkit export` does."""
+    their model adapters and int4 its calibration of the target on the built-in set, as `mtpkit export` does.
+    low_bit: the target weights lowered to the recipe's low_bits (what --max-size chooses, export/sizes.fit_size)."""
     from mtpkit.runtime.manifest import load_manifest
 
     from .backends import backend_module
@@ -118,10 +120,11 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
     if not any(r.quantized for r in recipes.values()):
         return float_dir
     ple_bits = recipes["target"].ple_bits if ple_bits is None else ple_bits
-    folder = exports / ("-".join(pair) + (f"-ple{ple_bits}" if ple_bits != recipes["target"].ple_bits else ""))
+    folder = exports / ("-".join(pair) + (f"-ple{ple_bits}" if ple_bits != recipes["target"].ple_bits else "")
+                        + (f"-low{len(low_bit)}" if low_bit else ""))
     shutil.copytree(float_dir, folder)
     manifest = load_manifest(folder)
-    plans = _plans(recipes, folder, manifest, checkpoints, ple_bits)
+    plans = _plans(recipes, folder, manifest, checkpoints, ple_bits, low_bit)
     backends = {kind: backend_module(kind).quantize(folder, backend, recipes, block_size, ple_bits=ple_bits,
                                                      plans=plans)
                 for kind, backend in manifest.backends.items()}
@@ -129,7 +132,8 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
     return folder
 
 
-def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] | None, ple_bits: int) -> dict:
+def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] | None, ple_bits: int,
+           low_bit: tuple[str, ...] = ()) -> dict:
     from . import calibration
     from .checkpoint import resolve
     from .models import drafter_adapter, target_adapter
@@ -142,7 +146,8 @@ def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] |
     sources = {"target": resolve(checkpoints[0], "target"), "drafter": resolve(checkpoints[1], "drafter")}
     adapters = {"target": target_adapter(sources["target"]), "drafter": drafter_adapter(sources["drafter"])}
     target = adapters["target"].load(sources["target"]) if recipes["target"].calibrated else None
-    return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens.bos, ple_bits=ple_bits)
+    return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens.bos, ple_bits=ple_bits,
+                             low_bit=low_bit)
 
 
 def _calibration(folders: dict) -> dict | None:

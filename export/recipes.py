@@ -42,6 +42,9 @@ class Recipe:
     channelwise: bool = False
     offered: bool = False  # named by the memory preflight's "options that fit" when an export does not fit
     gguf: tuple[str, ...] = ()  # llama.cpp's types of the same width (`bench --peers` compares at equal bytes)
+    # the width --max-size lowers weights to, in the order the target's adapter names (low_bit_order), until the
+    # export fits; None: the recipe has no lower width (a budget it misses is refused)
+    low_bits: int | None = None
 
     @property
     def quantized(self) -> bool:
@@ -68,9 +71,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # size-first (docs/quantization.md, "mobile"): every weight and table at 4 bits with one scale per channel, the
     # E2B bundle within Google's 2.59 GB; scales searched on calibration, gate / up error-compensated. Gate 0.75: the
     # trained pair's exported graphs read 0.797 (ONNX) / 0.820 (LiteRT) (docs/quant-report-tiny-pair/mobile.md)
+    # --max-size lowers the KV-shared layers' MLPs to 2 bits per channel (Google's E2B bundle: all of them)
     Recipe("mobile", bits=4, search_scales=True, calibrated=True, table_bits=4, draft_table_bits=4, ple_bits=4,
            keeps_sensitive=False, channelwise=True, gate=0.75, wider="int4", bytes_per_weight=0.5, onnx="streamed",
-           litert="int4", offered=True, gguf=("Q4_0",)),
+           litert="int4", offered=True, gguf=("Q4_0",), low_bits=2),
     # LiteRT's int8 (dynamic_wi8_afp32) already quantizes activations at run time: the same bytes as int8 there.
     # Wider: int8, whose 32-wide blocks are finer than one activation scale per call (trained tiny pair: top-1
     # 1.000 against 0.984, docs/scale-bench.md)

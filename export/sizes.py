@@ -17,15 +17,20 @@ layers at the capacity too, though a sliding layer reads only its last window of
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtpkit.errors import UsageError
+
 from . import calibration, int4
 from .backends import backend_module
 from .checkpoint import tensor_headers
 from .phases import human_bytes
+
+log = logging.getLogger("mtpkit")
 
 FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors dtypes the graphs hold as float weights
 INDEX_BYTES = 8  # integer tensors (the centroid head's token ordering) are indices: the graphs hold them as int64
@@ -120,6 +125,7 @@ class SizePlan:
     backends: dict[str, BackendPlan]
     kv_layers: tuple  # the target's KV-owning layers (manifest KVLayer)
     sliding_window: int
+    low_bit: tuple[str, ...] = ()  # what --max-size lowered to the target recipe's low_bits (fit_size)
 
     def render(self) -> str:
         """What `mtpkit export --dry-run` prints: each backend's files, then the memory to decode with them."""
@@ -129,6 +135,8 @@ class SizePlan:
                  f"  target {cfg.target}, drafter {cfg.drafter}",
                  f"  --quant {cfg.quant}, --drafter-quant {cfg.drafter_quant}, --ple-quant {cfg.ple_quant}, "
                  f"--block-size {cfg.block_size}, --max-cache-len {cfg.max_cache_len} ({len(layers)} KV layers)"]
+        if cfg.max_size is not None:
+            lines.append(_fit_line(cfg, self.low_bit, self.backends))
         if any(r.int4 for r in cfg.recipes.values()):
             lines.append("  int4: the weights kept at 8 bits are chosen by name, not by the calibration (which picks "
                          "scales): the plan holds for any calibration")
@@ -169,15 +177,73 @@ def plan_export(cfg) -> SizePlan:
     from .pipeline import prepare
 
     cfg, sources, adapters, configs = prepare(cfg)
-    plans = int4_plans(cfg, adapters)
+    low_bit = fit_size(cfg, sources, adapters, configs)
+    backends = backend_plans(cfg, sources, adapters, configs, low_bit)
+    return SizePlan(cfg, backends, adapters[0].kv_layers(configs[0]), configs[0].sliding_window, low_bit)
+
+
+def backend_plans(cfg, sources: tuple, adapters: tuple, configs: tuple, low_bit: tuple[str, ...] = (),
+                  weights: dict | None = None) -> dict[str, BackendPlan]:
+    """Each backend's BackendPlan with `low_bit` lowered on the target; weights: kind -> read_weights (read here
+    when not given)."""
+    plans = int4_plans(cfg, adapters, low_bit)
     layers = adapters[0].kv_layers(configs[0])
     backends = {}
     for kind in cfg.backend:
-        job = SizeJob(cfg, read_weights(sources, adapters, configs, kind), plans, configs[0], configs[1],
-                      sources[0].folder, layers)
+        held = weights[kind] if weights else read_weights(sources, adapters, configs, kind)
+        job = SizeJob(cfg, held, plans, configs[0], configs[1], sources[0].folder, layers)
         files = tuple(backend_module(kind).plan_files(job))
         backends[kind] = BackendPlan(kind, files, memory(files, layers, cfg.max_cache_len, configs[0].sliding_window))
-    return SizePlan(cfg, backends, layers, configs[0].sliding_window)
+    return backends
+
+
+def downloads(backends: dict[str, BackendPlan]) -> dict[str, int]:
+    """What --max-size bounds: each package (LiteRT's model.litertlm, what LiteRT-LM loads) where a backend writes
+    one; when none does, each backend's files together."""
+    packages = {f.name: f.bytes for b in backends.values() for f in b.files if f.side is None}
+    return packages or {f"{kind} files": b.total for kind, b in backends.items()}
+
+
+def fit_size(cfg, sources: tuple, adapters: tuple, configs: tuple) -> tuple[str, ...]:
+    """The fewest of the target adapter's low_bit_order (first first) lowered to the target recipe's low_bits for
+    every download to fit --max-size; () without --max-size. Refuses, in one line, a budget the recipe cannot
+    meet (asked for explicitly). Plans only: no weight is read."""
+    if cfg.max_size is None:
+        return ()
+    recipe = cfg.recipes["target"]
+    order = adapters[0].low_bit_order(configs[0]) if recipe.low_bits else ()
+    weights = {kind: read_weights(sources, adapters, configs, kind) for kind in cfg.backend}
+    planned = {}
+
+    def fits(n: int) -> bool:
+        planned[n] = downloads(backend_plans(cfg, sources, adapters, configs, order[:n], weights))
+        return max(planned[n].values()) <= cfg.max_size * 1e9
+
+    if fits(0):
+        return ()
+    lo, hi = 1, len(order)
+    if not hi or not fits(hi):
+        least = min(planned, key=lambda n: max(planned[n].values()))  # at tiny widths 2 bits can add bytes
+        name, size = max(planned[least].items(), key=lambda kv: kv[1])
+        how = (f"with {least} of its {hi} weight groups at {recipe.low_bits} bits, the least it plans; raise "
+               f"--max-size" if hi else "and has no lower width; pass --quant mobile (it lowers layers to fit) or "
+               "raise --max-size")
+        raise UsageError(f"--max-size {cfg.max_size:g} GB: {name} plans {size / 1e9:.4g} GB under --quant "
+                         f"{recipe.name} {how}")
+    while lo < hi:  # the size falls as more is lowered: the first n that fits
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    if lo:
+        log.info("  --max-size %g GB: %d of the target's %d lowerable weight groups at %d bits (%s ... %s)",
+                 cfg.max_size, lo, len(order), recipe.low_bits, order[0], order[lo - 1])
+    return order[:lo]
+
+
+def _fit_line(cfg, low_bit: tuple[str, ...], backends: dict[str, BackendPlan]) -> str:
+    sizes = ", ".join(f"{name} {n / 1e9:.3f} GB" for name, n in downloads(backends).items())
+    lowered = (f"{len(low_bit)} weight groups lowered to {cfg.recipes['target'].low_bits} bits ({low_bit[0]} ... "
+               f"{low_bit[-1]})" if low_bit else "nothing lowered")
+    return f"  --max-size {cfg.max_size:g} GB: {lowered}; {sizes}"
 
 
 def read_weights(sources: tuple, adapters: tuple, configs: tuple, backend: str) -> tuple[Weight, ...]:
@@ -197,9 +263,11 @@ def read_weights(sources: tuple, adapters: tuple, configs: tuple, backend: str) 
     return tuple(out)
 
 
-def int4_plans(cfg, adapters: tuple) -> dict:
-    """Each int4 side's plan as far as names decide it: which weights keep 8 bits (calibration only picks scales)."""
-    return {side: int4.plan(recipe, calibration.kept_8bit(adapter, cfg.ple_bits, recipe))
+def int4_plans(cfg, adapters: tuple, low_bit: tuple[str, ...] = ()) -> dict:
+    """Each int4 side's plan as far as names decide it: which weights keep 8 bits and which --max-size lowered
+    (calibration only picks scales)."""
+    return {side: int4.plan(recipe, calibration.kept_8bit(adapter, cfg.ple_bits, recipe),
+                            low_bit=low_bit if side == "target" else ())
             for (side, recipe), adapter in zip(cfg.recipes.items(), adapters) if recipe.int4}
 
 

@@ -111,10 +111,11 @@ def litertlm_texts(path: str, max_new: int, capfd) -> dict[bool, str]:
     return texts
 
 
-def planned_and_written(folder, quant: str, out) -> tuple[dict[str, tuple[int, int]], object]:
+def planned_and_written(folder, quant: str, out, **flags_too) -> tuple[dict[str, tuple[int, int]], object]:
     """(file -> (bytes `mtpkit export --dry-run` plans for it, bytes on disk; a graph with its .data file), the plan)
     for an export folder, planned from the checkpoints and flags its manifest records, under --quant `quant` (a
-    derived copy records its float export's flags). out: a path that does not exist (the dry run's --out)."""
+    derived copy records its float export's flags). out: a path that does not exist (the dry run's --out).
+    flags_too: more ExportConfig fields for the plan (max_size=...)."""
     from pathlib import Path
 
     from mtpkit.export.config import ExportConfig
@@ -124,7 +125,7 @@ def planned_and_written(folder, quant: str, out) -> tuple[dict[str, tuple[int, i
     folder, flags = Path(folder), dict(load_manifest(folder).export["flags"])
     # a derived copy takes its recipe's own --ple-quant (derive_quantized), not the float export's recorded one
     plan = plan_export(ExportConfig(**{**flags, "quant": quant, "drafter_quant": None, "ple_quant": None, "out": out,
-                                       "dry_run": True}))
+                                       "dry_run": True, **flags_too}))
     sizes = {}
     for backend in plan.backends.values():
         for f in backend.files:

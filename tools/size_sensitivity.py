@@ -59,14 +59,17 @@ CASES = [
     # E4B's bundle less Google's is 0.125 GB: 2-bit MLPs in 7 of its 18 KV-shared layers, the last 2 of the pair's 5
     ("mobile, the last 2 of 5 KV-shared layers' MLPs 2-bit per channel (E4B's 7 of 18)",
      {**dict.fromkeys(E2B, (4, C)), "mlp_shared": (2, C), "last_shared": 2}, True),
+    # which end of the KV-shared layers to lower first (the order of the size-first budget, export/models)
+    ("mobile, the first 2 of 5 KV-shared layers' MLPs 2-bit per channel",
+     {**dict.fromkeys(E2B, (4, C)), "mlp_shared": (2, C), "first_shared": 2}, True),
 ]
 
 
 def e2b_gb(choice: dict, shared_layers: int = 5) -> float:
-    """E2B's bytes under the choice; a choice naming `last_shared` gives only that part of the KV-shared layers
-    (out of the pair's `shared_layers`) the mlp_shared choice, the rest the mlp one."""
+    """E2B's bytes under the choice; a choice naming `last_shared` / `first_shared` gives only that part of the
+    KV-shared layers (out of the pair's `shared_layers`) the mlp_shared choice, the rest the mlp one."""
     total = E2B_REST
-    part = choice.get("last_shared", shared_layers) / shared_layers
+    part = choice.get("last_shared", choice.get("first_shared", shared_layers)) / shared_layers
     for kind, (n, width) in E2B.items():
         for share, (bits, block) in ((part, choice[kind]), (1 - part, choice["mlp"])) if kind == "mlp_shared" \
                 else ((1, choice[kind]),):
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| recipe | attention / lm_head GPTQ | top-1 | mean KL | E2B target + drafter (GB) |",
              "|---|---|---:|---:|---:|"]
     for name, choice, compensate_more in [c for c in CASES if args.cases in c[0]]:
-        last = set(sorted(shared)[-choice["last_shared"]:]) if "last_shared" in choice else shared
+        last = set(sorted(shared)[-choice["last_shared"]:]) if "last_shared" in choice else \
+            set(sorted(shared)[:choice["first_shared"]]) if "first_shared" in choice else shared
         top1, kl = _measure(model, float_sd, importance, windows, want, choice, compensate_more, last)
         gb = e2b_gb(choice, len(shared))
         lines.append(f"| {name} | {'yes' if compensate_more else 'no'} | {top1:.4f} | {kl:.2e} | {gb:.3f} |")

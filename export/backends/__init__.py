@@ -41,6 +41,7 @@ class ExportJob:
     kv_layers: tuple[KVLayer, ...]  # the target's KV-owning layers
     store: dict[str, int]  # layer type -> the store layer the drafter reads
     max_draft: int  # drafts per verify call for static-shape backends
+    low_bit: tuple[str, ...] = ()  # target weights --max-size lowered to the recipe's low_bits (sizes.fit_size)
 
     @property
     def hidden(self) -> int:

@@ -20,6 +20,11 @@ INT4_COMPENSATE: tuple[str, ...] = ()
 INT4_PLE_PATH: tuple[str, ...] = ()  # no per-layer embeddings
 
 
+def low_bit_order(config) -> tuple[str, ...]:
+    """Nothing of the drafter is lowered by a size budget: at most 50 MB, it proposes every token."""
+    return ()
+
+
 # How the centroid head reads its rows of the tied table (selected_logits: an embedding lookup): EMBEDDING_LOOKUP on
 # LiteRT, Gather on ONNX, both quantized at the recipe's draft_table_bits. The size plan reads it here.
 CENTROID_TABLE_USE = "lookup"

@@ -187,6 +187,13 @@ def kv_layers(config) -> tuple[KVLayer, ...]:
                  for i, mode in enumerate(config.kv_sharing_modes) if mode != "reuse")
 
 
+def low_bit_order(config) -> tuple[str, ...]:
+    """What a size budget lowers to its recipe's low_bits (export/sizes.fit_size), first to last: the MLPs of the
+    KV-shared layers (Google's E2B bundle holds all of them at 2 bits), the first of them first. On the trained pair
+    the first 2 of 5 at 2 bits cost 0.025 top-1, the last 2 0.038 (docs/quant-report-tiny-pair/size-sensitivity.md)."""
+    return tuple(f"layers.{i}.mlp" for i, mode in enumerate(config.kv_sharing_modes) if mode == "reuse")
+
+
 def store_layers(config) -> dict[str, int]:
     """The last KV owner of each type: the only K/V the drafter reads."""
     return {config.layer_types[i]: i for i, m in enumerate(config.kv_sharing_modes) if m == "store"}

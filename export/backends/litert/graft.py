@@ -32,6 +32,7 @@ _ALIGN = 64
 SLACK = 4096  # room after the first packing of the flatbuffer: packed again with the int8 scales, it must not grow
 # int8 weights' QuantizationParameters, per row at each place (subgraph) reading the weight: kept in the flatbuffer
 INT8_SCALE, INT8_ZERO_POINT = np.dtype(np.float32), np.dtype(np.int64)
+PER_CHANNEL = ("int8", "int2")  # encodings whose scales are QuantizationParameters (per row, at each place)
 _ROWS_BYTES = 16 << 20  # rows read and encoded per step: each encoding holds a few temporaries of this size
 
 
@@ -112,22 +113,23 @@ class WeightInputs:
 
 @dataclasses.dataclass(frozen=True)
 class Encoding:
-    kind: str  # float32 | float16 | int8 | int4
+    kind: str  # float32 | float16 | int8 | int4 | int2 (one float32 scale per row: XNNPACK has no 2-bit blocks)
     block: int = 0  # int4 only
-    # int4 only: scales searched per block (export/int4.py), weighted by this importance ([k], or [k, k]: GPTQ)
+    # int4 / int2: scales searched per block or row (export/int4.py), weighted by this importance ([k], or [k, k]:
+    # GPTQ)
     searched: bool = False
     importance: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def data_bytes(self, shape) -> int:
         n = int(np.prod(shape))
-        return {"float32": 4 * n, "float16": 2 * n, "int8": n, "int4": (n + 1) // 2}[self.kind]
+        return {"float32": 4 * n, "float16": 2 * n, "int8": n, "int4": (n + 1) // 2, "int2": (n + 3) // 4}[self.kind]
 
     def scale_bytes(self, shape) -> int:
         return 2 * shape[0] * (shape[1] // self.block) if self.kind == "int4" else 0
 
     def params_bytes(self, shape) -> int:
-        """Flatbuffer bytes at each place reading the weight: int8's per-row scale and zero point."""
-        return shape[0] * (INT8_SCALE.itemsize + INT8_ZERO_POINT.itemsize) if self.kind == "int8" else 0
+        """Flatbuffer bytes at each place reading the weight: int8's / int2's per-row scale and zero point."""
+        return shape[0] * (INT8_SCALE.itemsize + INT8_ZERO_POINT.itemsize) if self.kind in PER_CHANNEL else 0
 
     def encode(self, rows: np.ndarray) -> tuple[bytes, np.ndarray | None]:
         """(data, per-row scales) of a block of rows; rows are independent in every encoding."""
@@ -139,6 +141,11 @@ class Encoding:
             scale = np.maximum(np.abs(rows).max(axis=1), 1e-9).astype(np.float32) / np.float32(127)
             q = np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8)
             return q.tobytes(), scale
+        if self.kind == "int2":  # one scale per row, searched (weighted, compensated) as int4's blocks are
+            codes, scale = int4.encode(rows, rows.shape[1], self.importance, bits=2)
+            q = codes.reshape(-1, 4) & 0x03  # four values per byte, the first in the lowest bits (widths % 4 == 0)
+            return (q[:, 0] | q[:, 1] << 2 | q[:, 2] << 4 | q[:, 3] << 6).astype(np.uint8).tobytes(), \
+                scale[:, 0].astype(np.float32)
         codes, scale = int4.encode(rows, self.block, self.importance,
                                    int4.SCALE_GRID if self.searched else int4.RTN_GRID)  # rtn: absmax / 7
         q = codes.reshape(-1)
@@ -266,14 +273,14 @@ def _place(model, name, places, shape, enc: Encoding) -> dict:
     scales = _new_buffer(model) if enc.kind == "int4" else None
     quants = []
     types = {"float32": schema.TensorType.FLOAT32, "float16": schema.TensorType.FLOAT16,
-             "int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4}
+             "int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4, "int2": schema.TensorType.INT2}
     for g, t in places:
         sg = model.subgraphs[g]
         tensor = sg.tensors[t]
         tensor.name, tensor.buffer, tensor.type = (WEIGHT + name).encode(), data, types[enc.kind]
         tensor.shapeSignature = None
         tensor.quantization = None
-        if enc.kind == "int8":
+        if enc.kind in PER_CHANNEL:
             q = schema.QuantizationParametersT()
             q.scale, q.zeroPoint = np.ones(shape[0], INT8_SCALE), np.zeros(shape[0], INT8_ZERO_POINT)
             q.quantizedDimension = 0
@@ -390,10 +397,12 @@ def _write_weight(f, model, p: dict, source) -> str:
         f.write(data)
         if scale is not None:
             scales.append(scale)
-    if enc.kind == "int8":
+    if enc.kind in PER_CHANNEL:
         for q in p["quants"]:
             q.scale = np.concatenate(scales).astype(INT8_SCALE)
     if enc.kind == "int4":
         f.seek(model.buffers[p["scales"]].offset)
         f.write(np.concatenate(scales).astype(np.float16).tobytes())
+    if enc.kind == "int2":
+        return int4.label(2, shape[1], enc.importance)
     return int4.label(4, enc.block, enc.importance) if enc.kind == "int4" else enc.kind

@@ -126,7 +126,8 @@ def graph_recipe(recipe: Recipe, graph: str, ple_bits: int) -> Recipe:
 
 
 LOOKUP = ("EMBEDDING_LOOKUP", 1)  # a table's use: (op, input) of the ids' rows
-WEIGHT_OPS = {("FULLY_CONNECTED", 1), LOOKUP}  # (op, input) pairs that read a weight
+WEIGHT_OPS_FC = ("FULLY_CONNECTED", 1)
+WEIGHT_OPS = {WEIGHT_OPS_FC, LOOKUP}  # (op, input) pairs that read a weight
 
 # The (op, input) that reads a weight in the LiteRT graphs for each use a model adapter declares (export/models
 # stored_in): the size plan asks encoding_for about a weight it has not converted yet through these
@@ -157,10 +158,12 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
             bits = recipe.draft_table_bits
         if graph == "target" and "per_layer" in name and ple_bits == 8 or plan is not None and plan.bits(name) == 8:
             bits = 8
+        searched = plan is not None and plan.searched
+        if plan is not None and plan.bits(name) == 2 and uses == {WEIGHT_OPS_FC} and shape[1] % 4 == 0:
+            return Encoding("int2", searched=True, importance=plan.importance_of(name))  # per channel only
         block = channel_block(shape[1]) if recipe.channelwise else int4_block(shape[1], block_size)
         if bits == 8 or not block:
             return Encoding("int8")
-        searched = plan is not None and plan.searched
         return Encoding("int4", block, searched=searched, importance=plan.importance_of(name) if searched else None)
 
     return choose

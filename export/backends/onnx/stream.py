@@ -189,7 +189,7 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
         if tensor is None or b.name in skip or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
             continue
         wbits = matmul_bits(bits, plan, b.name)
-        search = plan is not None and plan.searched and wbits == 4
+        search = plan is not None and plan.searched and wbits in (2, 4)
         quant = _Packed(tensor, wbits, block_size, search, plan.importance_of(b.name) if search else None)
         chosen[b.name] = int4.label(wbits, block_size, quant.importance)
         packs.append(quant)
@@ -258,7 +258,7 @@ class _Packed:
     def get(self, index: int) -> np.ndarray:
         if self.result is None:
             w = self.tensor.numpy()
-            self.result = _searched(w, self.block_size, self.importance) if self.search else \
+            self.result = _searched(w, self.block_size, self.importance, self.bits) if self.search else \
                 _quantize(w, self.bits, self.block_size)
         value = self.result[index]
         self.reads += 1
@@ -285,17 +285,23 @@ def _quantize(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np
     return packed, scales
 
 
-def _searched(w: np.ndarray, block_size: int, importance: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """MatMulNBits' 4-bit (packed, scales) of w [K, N] from export/int4.py's codes: code + 8 (the op's default
-    zero point), two per byte along K, the low nibble first; K zero-padded to whole blocks."""
+def _searched(w: np.ndarray, block_size: int, importance: np.ndarray | None,
+              bits: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' 4- or 2-bit (packed, scales) of w [K, N] from export/int4.py's codes: code + 2^(bits-1) (the
+    op's default zero point), 8 / bits per byte along K, the lowest bits first; K zero-padded to whole blocks."""
     k, n = w.shape
-    blocks, _ = nbits_layout(k, 4, block_size)
+    blocks, _ = nbits_layout(k, bits, block_size)
     pad = blocks * block_size - k
     rows = np.pad(np.asarray(w, np.float32).T, ((0, 0), (0, pad)))  # [N, K]: a row per output, as the op stores
-    weight = None if importance is None else np.pad(np.asarray(importance, np.float32), (0, pad))  # [k] or [k, k]
-    codes, scales = int4.encode(rows, block_size, weight)
-    u = (codes.astype(np.int16) + 8).astype(np.uint8).reshape(n, blocks, block_size)
-    return np.ascontiguousarray(u[..., 0::2] | (u[..., 1::2] << 4)), scales.astype(np.float32)
+    if importance is not None:  # [k] or [k, k]
+        importance = np.pad(np.asarray(importance, np.float32), [(0, pad)] * np.ndim(importance))
+    codes, scales = int4.encode(rows, block_size, importance, bits=bits)
+    u = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8).reshape(n, blocks, block_size)
+    per = 8 // bits
+    packed = np.zeros((n, blocks, block_size // per), np.uint8)
+    for i in range(per):
+        packed |= u[..., i::per] << (bits * i)
+    return packed, scales.astype(np.float32)
 
 
 def _save_replacing(model, path: Path) -> None:
