@@ -142,8 +142,9 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
     (the target's per_layer projections; as LiteRT-LM's gemma4_mixed48) unless ple_bits is 4, and a weight whose
     width no block of 128/64/32 (up to block_size) divides gets int8 channelwise. The drafter's lookup table (its
     centroid head's) takes the recipe's draft_table_bits (None: float32). `plan` (int4 / int4-rtn): the weights it
-    keeps at 8 bits, and each weight's calibration importance for the scale search. A channelwise recipe (mobile)
-    gives every 4-bit weight and table one scale per row (channel_block)."""
+    keeps at 8 bits, each weight's calibration importance for the scale search, and what --max-size lowered to 2
+    bits: FULLY_CONNECTED weights only, one float32 scale per row (XNNPACK runs no 2-bit blocks). A channelwise
+    recipe (mobile) gives every 4-bit weight and table one scale per row (channel_block)."""
     from .graft import Encoding, channel_block, int4_block
 
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
