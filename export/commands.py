@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                          "an export)")
     cfg = ExportConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ExportConfig)})
     if cfg.dry_run:
-        from .sizes import plan_export
+        from .pipeline import plan_export
 
         print(plan_export(cfg).render())
         return 0

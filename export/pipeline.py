@@ -42,7 +42,7 @@ def export_model(cfg: ExportConfig) -> Path:
         the export folder, holding manifest.json, the graphs, tokenizer, HF config and reference files.
     """
     if cfg.dry_run:
-        raise UsageError("a dry run writes nothing: plan it with mtpkit.export.sizes.plan_export(cfg), or pass "
+        raise UsageError("a dry run writes nothing: plan it with mtpkit.export.pipeline.plan_export(cfg), or pass "
                          "--dry-run to `mtpkit export`")
     started = time.time()
     import_quietly()
@@ -84,6 +84,15 @@ def prepare(cfg: ExportConfig) -> tuple[ExportConfig, tuple[Source, Source], tup
         calibration.check_file(cfg.calibration, target_src.folder / "tokenizer.json", configs[0].sliding_window)
     _check_files(target_src, drafter_src)
     return cfg, (target_src, drafter_src), adapters, configs
+
+
+def plan_export(cfg: ExportConfig) -> sizes.SizePlan:
+    """`mtpkit export ... --dry-run`: the export's checks before any weight loads (prepare), then the size plan of
+    every backend it would write, from the checkpoints' headers (export/sizes.py). Reads no weight, writes nothing."""
+    cfg, sources, adapters, configs = prepare(cfg)
+    low_bit = sizes.fit_size(cfg, sources, adapters, configs)
+    backends = sizes.backend_plans(cfg, sources, adapters, configs, low_bit)
+    return sizes.SizePlan(cfg, backends, adapters[0].kv_layers(configs[0]), configs[0].sliding_window, low_bit)
 
 
 def _export_into(cfg: ExportConfig, tmp: Path, sources: tuple, adapters: tuple, estimate, record: dict,

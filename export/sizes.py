@@ -171,17 +171,6 @@ def _memory_lines(m: Memory, capacity: int, layers: int, window: int) -> list[st
             *(f"    {name:<30}{_size(n)}  {why}" for name, n, why in rows)]
 
 
-def plan_export(cfg) -> SizePlan:
-    """`mtpkit export ... --dry-run`: the export's checks before any weight loads (pipeline.prepare), then the size
-    plan of every backend it would write, from the checkpoints' headers. Reads no weight, writes nothing."""
-    from .pipeline import prepare
-
-    cfg, sources, adapters, configs = prepare(cfg)
-    low_bit = fit_size(cfg, sources, adapters, configs)
-    backends = backend_plans(cfg, sources, adapters, configs, low_bit)
-    return SizePlan(cfg, backends, adapters[0].kv_layers(configs[0]), configs[0].sliding_window, low_bit)
-
-
 def backend_plans(cfg, sources: tuple, adapters: tuple, configs: tuple, low_bit: tuple[str, ...] = (),
                   weights: dict | None = None) -> dict[str, BackendPlan]:
     """Each backend's BackendPlan with `low_bit` lowered on the target; weights: kind -> read_weights (read here

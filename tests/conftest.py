@@ -119,7 +119,7 @@ def planned_and_written(folder, quant: str, out, **flags_too) -> tuple[dict[str,
     from pathlib import Path
 
     from mtpkit.export.config import ExportConfig
-    from mtpkit.export.sizes import plan_export
+    from mtpkit.export.pipeline import plan_export
     from mtpkit.runtime.manifest import load_manifest
 
     folder, flags = Path(folder), dict(load_manifest(folder).export["flags"])

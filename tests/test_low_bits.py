@@ -39,7 +39,7 @@ def test_a_plan_lowers_exactly_the_named_layers():
 
 def _dry_run(tiny_checkpoints, tmp_path, **flags):
     from mtpkit.export.config import ExportConfig
-    from mtpkit.export.sizes import plan_export
+    from mtpkit.export.pipeline import plan_export
 
     target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
     return plan_export(ExportConfig(target=str(target), drafter=str(drafter), out=tmp_path / "x", dry_run=True,

@@ -94,7 +94,7 @@ def test_the_centroid_tables_encoding_follows_the_use_its_adapter_declares(tiny_
     planned float32, with no planner change either way."""
     pytest.importorskip("litert_torch")
     from mtpkit.export.models import gemma4_assistant
-    from mtpkit.export.sizes import plan_export
+    from mtpkit.export.pipeline import plan_export
 
     target, drafter = tiny_checkpoints("e2b_gemma4_centroid")
     cfg = ExportConfig(target=str(target), drafter=str(drafter), out=tmp_path / "out", backend="litert",
