@@ -132,3 +132,22 @@ def planned_and_written(folder, quant: str, out, **flags_too) -> tuple[dict[str,
             data = folder / f"{f.name}.data"
             sizes[f.name] = (f.bytes, (folder / f.name).stat().st_size + (data.stat().st_size if data.exists() else 0))
     return sizes, plan
+
+
+def grafted_linear(linear, encoding, tmp_path):
+    """A bias-free nn.Linear converted with its weight as an input, then grafted with `encoding` (graft.Encoding)
+    into tmp_path / "fc.tflite" (signature "fc", input "input"). Returns (path, graft's labels, skeleton path)."""
+    import litert_torch
+    import torch
+
+    from mtpkit.export.backends.litert import graft, sources
+
+    weights = graft.WeightInputs()
+    converter = litert_torch.Converter()
+    with weights.converting():
+        converter.signature("fc", linear.eval(), sample_kwargs={"input": torch.randn(1, linear.in_features)})
+    skeleton, path = tmp_path / "skeleton.tflite", tmp_path / "fc.tflite"
+    converter.convert(strict_export=False).export(str(skeleton))
+    done = graft.graft(skeleton, path, sources.StateSource(linear.state_dict()), lambda *a: encoding,
+                       names=weights.names)
+    return path, done, skeleton

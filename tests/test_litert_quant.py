@@ -330,22 +330,15 @@ def test_zero_int4_blocks_get_a_positive_scale(tmp_path):
     written with the smallest positive float16 scale and values exactly zero, and the graph runs."""
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_litert.interpreter import Interpreter
-    import litert_torch
     import torch
 
-    from mtpkit.export.backends.litert import graft, sources
+    from conftest import grafted_linear
+    from mtpkit.export.backends.litert import graft
 
     linear = torch.nn.Linear(64, 8, bias=False)
     with torch.no_grad():
         linear.weight[0] = 0  # an all-zero output channel: two all-zero blocks of 32
-    weights = graft.WeightInputs()
-    converter = litert_torch.Converter()
-    with weights.converting():
-        converter.signature("fc", linear.eval(), sample_kwargs={"input": torch.randn(1, 64)})
-    skeleton, path = tmp_path / "skeleton.tflite", tmp_path / "fc.tflite"
-    converter.convert(strict_export=False).export(str(skeleton))
-    done = graft.graft(skeleton, path, sources.StateSource(linear.state_dict()),
-                       lambda *a: graft.Encoding("int4", 32), names=weights.names)
+    path, done, _ = grafted_linear(linear, graft.Encoding("int4", 32), tmp_path)
     assert done == {"weight": "int4/b32"}
     data = path.read_bytes()
     model = schema.ModelT.InitFromPackedBuf(data, 0)

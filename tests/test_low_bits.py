@@ -99,22 +99,15 @@ def test_litert_2_bit_weights_run_as_their_codes_say(tmp_path):
     """A FULLY_CONNECTED weight grafted at 2 bits, one float32 scale per row: LiteRT (XNNPACK, and its built-in
     kernel) computes x @ W2^T within the int8 rounding of the activations, and far from a wrong bit order."""
     pytest.importorskip("litert_torch")
-    import litert_torch
     import torch
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    from mtpkit.export.backends.litert import graft, sources
+    from conftest import grafted_linear
+    from mtpkit.export.backends.litert import graft
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(128, 16, bias=False)
-    weights = graft.WeightInputs()
-    converter = litert_torch.Converter()
-    with weights.converting():
-        converter.signature("fc", linear.eval(), sample_kwargs={"input": torch.randn(1, 128)})
-    skeleton, path = tmp_path / "skeleton.tflite", tmp_path / "fc.tflite"
-    converter.convert(strict_export=False).export(str(skeleton))
-    done = graft.graft(skeleton, path, sources.StateSource(linear.state_dict()),
-                       lambda *a: graft.Encoding("int2"), names=weights.names)
+    path, done, skeleton = grafted_linear(linear, graft.Encoding("int2"), tmp_path)
     assert done == {"weight": "int2/b128"}
     w = linear.weight.detach().numpy()
     codes, scales = int4.encode(w, 128, bits=2)
