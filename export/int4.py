@@ -31,6 +31,9 @@ SCALE_GRID = np.linspace(6.5, 8.5, 17, dtype=np.float32)
 RTN_GRID = np.array([7.0], np.float32)  # int4-rtn: the absmax / 7 alone
 # 2 bits (codes -2..1): far coarser steps, so a wider search; most blocks clip their largest values
 TWO_BIT_GRID = np.linspace(1.0, 2.6, 17, dtype=np.float32)
+# GPTQ's lazy batch: errors reach the columns beyond a run of this many in one matrix product (the GPTQ paper's
+# 128), so a whole-row block (one scale per channel) costs matrix products, not k rank-one updates
+LAZY = 128
 _ELEMENTS = 1 << 22  # weights searched at a time (16 MiB of float32): the search's temporaries stay ~100 MiB
 
 
@@ -79,24 +82,27 @@ def _inverse_factor(hessian: np.ndarray, damp: float = 0.01) -> np.ndarray:
 def _compensated(rows: np.ndarray, block: int, weight: np.ndarray, grid: np.ndarray,
                  factor: np.ndarray, levels: tuple[int, int] = (-8, 7)) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ over one slice of rows: blocks in order, each block's scale searched on the weights as corrected so
-    far, each column rounded with it and its error spread over the later columns (within the block one column at
-    a time, beyond it once per block as one matrix product)."""
-    w = np.array(rows, np.float32)
-    n, k = w.shape
-    codes, scales = np.empty((n, k), np.int8), np.empty((n, k // block), np.float16)
+    far, each column rounded with it and its error spread over the later columns (within a run of LAZY columns one
+    column at a time, beyond it once per run as one matrix product). Columns are held as rows (w transposed) so
+    each step reads contiguous memory."""
+    n, k = rows.shape
+    wt = np.array(rows.T, np.float32, order="C")
+    codes, scales = np.empty((k, n), np.int8), np.empty((n, k // block), np.float16)
+    run = min(block, LAZY)
     for b, g in enumerate(range(0, k, block)):
-        e = g + block
-        _, s = _search(w[:, g:e].reshape(n, 1, block), weight[:, b:b + 1], grid, levels)
+        _, s = _search(wt[g:g + block].T.reshape(n, 1, block), weight[:, b:b + 1], grid, levels)
         scale = s[:, 0].astype(np.float32)
         scales[:, b] = s[:, 0]
-        errors = np.empty((n, block), np.float32)
-        for j in range(g, e):
-            q = np.clip(np.rint(w[:, j] / scale), *levels)
-            codes[:, j] = q
-            errors[:, j - g] = (w[:, j] - q * scale) / factor[j, j]
-            w[:, j + 1:e] -= np.outer(errors[:, j - g], factor[j, j + 1:e])
-        w[:, e:] -= errors @ factor[g:e, e:]
-    return codes, scales
+        for h in range(g, g + block, run):
+            e = min(h + run, g + block)
+            errors = np.empty((e - h, n), np.float32)
+            for j in range(h, e):
+                q = np.clip(np.rint(wt[j] / scale), *levels)
+                codes[j] = q
+                errors[j - h] = (wt[j] - q * scale) / factor[j, j]
+                wt[j + 1:e] -= np.outer(factor[j, j + 1:e], errors[j - h])
+            wt[e:] -= factor[h:e, e:].T @ errors
+    return codes.T, scales
 
 
 def _search(blocks: np.ndarray, weight: np.ndarray | None, grid: np.ndarray,
