@@ -10,7 +10,8 @@ Encoder: export/int4.py's scale search weighted by the built-in calibration's ac
 error-compensated (GPTQ) as the recipes do, and in the rows that say so the attention projections and the lm_head too; 2 bits: the same search
 over codes -2..1. Kinds: ple (the per-layer-embedding table), lookup (the embedder's copy of the tied table), head
 (the target's lm_head copy), att (q, k, v, o), mlp (layers that own a KV cache), mlp_shared (the KV-shared layers,
-double-wide at E2B). The per-layer projections stay 8 bits per channel throughout.
+double-wide at E2B). The per-layer projections stay 8 bits per channel throughout. The "rotated" rows turn each
+weight's input side by a random-sign Hadamard before encoding (QuaRot / QuIP's incoherence), which no recipe does.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ E2B_REST = 41.3e6 * 1.0 + 45e6  # per-layer projections at 8 bits, and a 4-bit d
 ATT = ("q_proj", "k_proj", "v_proj", "o_proj")
 C, B32, B128 = 0, 32, 128  # C: one scale per channel / row
 # (name, {kind: (bits, block)}, GPTQ on attention and lm_head too: what the recipes do not do yet)
+CASES_INT4 = dict(ple=(8, C), lookup=(8, C), head=(8, C), att=(8, C), mlp=(4, B32), mlp_shared=(4, B32))
 CASES = [
-    ("int4 (8-bit attention / tables / PLE, gate+up GPTQ)", dict(ple=(8, C), lookup=(8, C), head=(8, C), att=(8, C),
-                                                               mlp=(4, B32), mlp_shared=(4, B32)), False),
+    ("int4 (8-bit attention / tables / PLE, gate+up GPTQ)", CASES_INT4, False),
     ("all 4-bit, blocks of 32", dict.fromkeys(E2B, (4, B32)), True),
     ("all 4-bit b32, head 8-bit", {**dict.fromkeys(E2B, (4, B32)), "head": (8, C)}, True),
     ("all 4-bit b32, attention 8-bit", {**dict.fromkeys(E2B, (4, B32)), "att": (8, C)}, True),
@@ -62,6 +63,11 @@ CASES = [
     # which end of the KV-shared layers to lower first (the order of the size-first budget, export/models)
     ("mobile, the first 2 of 5 KV-shared layers' MLPs 2-bit per channel",
      {**dict.fromkeys(E2B, (4, C)), "mlp_shared": (2, C), "first_shared": 2}, True),
+    # incoherence (QuaRot / QuIP): every weight's input side turned by a random-sign Hadamard in blocks of 128
+    # before it is encoded and turned back after (a graph would turn the activations instead): no byte changes
+    ("mobile, weights and tables rotated (Hadamard blocks of 128)", {**dict.fromkeys(E2B, (4, C)), "rotate": 128},
+     True),
+    ("int4, rotated (Hadamard blocks of 128)", {**CASES_INT4, "rotate": 128}, False),
 ]
 
 
@@ -109,6 +115,21 @@ def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bo
             w[:, j + 1:end] -= np.outer(errors[:, j - start], factor[j, j + 1:end])
         w[:, end:] -= errors @ factor[start:end, end:]
     return out
+
+
+def rotated(w: np.ndarray, importance, block: int, quantize) -> np.ndarray:
+    """quantize(w R, importance seen through R) R^T, R a random-sign block-diagonal Hadamard (the largest power of
+    two up to `block` that divides the width): the weight's outliers spread over their block before rounding."""
+    k = w.shape[1]
+    size = max(b for b in (1 << i for i in range(12)) if b <= block and k % b == 0)
+    h = np.ones((1, 1))
+    while len(h) < size:
+        h = np.block([[h, h], [h, -h]])
+    signs = np.random.default_rng(k).choice([-1.0, 1.0], size=k)
+    r = signs[:, None] * np.kron(np.eye(k // size), h / np.sqrt(size))
+    if importance is not None:
+        importance = r.T @ importance @ r if np.ndim(importance) == 2 else np.einsum("ij,i,ij->j", r, importance, r)
+    return quantize(w @ r, importance) @ r.T
 
 
 def kind_of(name: str, shared: set[int]) -> str | None:
@@ -198,8 +219,10 @@ def _measure(model, float_sd, importance, windows, want, choice, compensate_more
         key = "lm_head" if kind == "head" else weight_key(name)
         compensated = "gate_proj" in name or "up_proj" in name or compensate_more and kind in ("att", "head")
         block = block if block and value.shape[1] % block == 0 else C
-        state[name] = torch.from_numpy(fake_quant(value.double().numpy(), bits, block, importance.get(key or ""),
-                                                  compensated).astype(np.float32))
+        quantize = lambda w, imp: fake_quant(w, bits, block, imp, compensated)  # noqa: E731
+        w, imp = value.double().numpy(), importance.get(key or "")
+        w = rotated(w, imp, choice["rotate"], quantize) if choice.get("rotate") and bits < 8 else quantize(w, imp)
+        state[name] = torch.from_numpy(w.astype(np.float32))
     scores = agreement(model, float_sd, state, windows, want)
     return scores["top1"], scores["kl"]
 
