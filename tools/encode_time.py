@@ -33,6 +33,7 @@ def module_at(commit: str):
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 
