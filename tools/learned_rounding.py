@@ -44,7 +44,7 @@ def learnable(float_sd: dict, importance: dict, shared: set[int], train_weights:
     """({name: [w, scale, offsets, log scale factor]} for the 4-bit weights, {name: fixed 8-bit value})."""
     from mtpkit.export.int4 import _normalised, best_scales, weight_key
 
-    grid, out, fixed = np.linspace(7 * 0.93, 8 * 1.06, 17, dtype=np.float32), {}, {}
+    grid, out, fixed = ss.scale_grid(4), {}, {}
     for name, value in float_sd.items():
         kind = ss.kind_of(name, shared) if value.ndim == 2 else None
         if kind is None:

@@ -83,6 +83,14 @@ def e2b_gb(choice: dict, shared_layers: int = 5) -> float:
     return total / 1e9
 
 
+def scale_grid(bits: int) -> np.ndarray:
+    """The candidates for block absmax / scale: at 4 bits a span around 7-8, at 2 bits export/int4.TWO_BIT_GRID."""
+    from mtpkit.export.int4 import TWO_BIT_GRID, code_range
+
+    hi = code_range(bits)[1]
+    return np.linspace(hi * 0.93, (hi + 1) * 1.06, 17, dtype=np.float32) if bits > 2 else TWO_BIT_GRID
+
+
 def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bool) -> np.ndarray:
     """w at `bits` (8: symmetric per channel; 4 / 2: scales searched as export/int4.py does, over codes
     -2^(bits-1)..2^(bits-1)-1, GPTQ when compensated and the full moment is known)."""
@@ -95,8 +103,7 @@ def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bo
     n, k = w.shape
     block = block or k
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    grid = np.linspace(hi * 0.93, (hi + 1) * 1.06, 17, dtype=np.float32) if bits > 2 else \
-        np.linspace(1.0, 2.6, 17, dtype=np.float32)
+    grid = scale_grid(bits)
     full = importance is not None and np.ndim(importance) == 2
     diagonal = np.diagonal(importance) if full else importance
     weight = None if diagonal is None else _normalised(diagonal).reshape(1, k // block, block)
