@@ -24,6 +24,7 @@ from .recipes import Recipe
 log = logging.getLogger("mtpkit")
 
 MAX_TOKENS = 128  # per calibration window: enough context to excite every channel, cheap at full size
+BATCH = 8  # windows per forward pass: the weights are read (and upcast from bf16) once per 8; 1.7x faster at E2B
 TEXT_FILE = Path(__file__).with_name("calibration.txt")
 
 
@@ -180,32 +181,48 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
     return any(hay[i:i + n] == needle for i in range(len(hay) - n + 1))
 
 
-def importance(model, prompts: list[list[int]], full: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+def importance(model, prompts: list[list[int]], full: tuple[str, ...] = (), batch: int = BATCH) -> dict[str, np.ndarray]:
     """Mean square input activation per channel of every nn.Linear inside the decoder layers, keyed by
-    export/int4.weight_key, from one forward pass per prompt; for the keys containing a `full` substring, the whole
-    mean x x^T [k, k] (float32) instead, which export/int4.encode uses to compensate rounding errors."""
+    export/int4.weight_key, from forward passes over `batch` prompts at a time; for the keys containing a `full`
+    substring, the whole mean x x^T [k, k] (float32) instead, which export/int4.encode uses to compensate rounding
+    errors. Prompts are right-padded: a causal decoder's real positions never see the padding, whose rows are
+    dropped. Only the decoder runs (get_decoder()): the lm_head holds no key."""
     import torch
 
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
+    state: dict = {}
+
+    def moment(x_in, whole: bool):
+        if state.get("input") is not x_in:  # q / k / v and gate / up read one input: one moment for each kind
+            x = x_in.detach().reshape(-1, x_in.shape[-1])
+            state.update(input=x_in, rows=x[state["real"]] if len(x) == len(state["real"]) else x, kinds={})
+        if whole not in state["kinds"]:
+            x = state["rows"]
+            state["kinds"][whole] = (x.float().T @ x.float()).numpy() if whole else \
+                x.double().square().sum(0).numpy()
+        return state["kinds"][whole], len(state["rows"])
 
     def hook(key):
         whole = any(f in key for f in full)
 
         def record(module, args, output):
-            x = args[0].detach().reshape(-1, args[0].shape[-1])
-            moment = (x.float().T @ x.float()).numpy() if whole else x.double().square().sum(0).numpy()
-            sums[key] = sums.get(key, 0) + moment
-            counts[key] = counts.get(key, 0) + x.shape[0]
+            m, n = moment(args[0], whole)
+            sums[key], counts[key] = sums.get(key, 0) + m, counts.get(key, 0) + n
         return record
 
     handles = [m.register_forward_hook(hook(key)) for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and (key := weight_key(name))]
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     try:
         with torch.no_grad():
-            for ids in prompts:
-                model(torch.tensor([ids]))
+            for start in range(0, len(prompts), batch):
+                group = prompts[start:start + batch]
+                width = max(map(len, group))
+                state.update(input=None, real=torch.tensor([i < len(p) for p in group for i in range(width)]))
+                decoder(torch.tensor([p + p[-1:] * (width - len(p)) for p in group]))
     finally:
+        state.clear()
         for h in handles:
             h.remove()
     return {key: (sums[key] / counts[key]).astype(np.float32) for key in sums}

@@ -224,6 +224,26 @@ def test_importance_is_the_mean_square_input_of_each_layer_linear():
     assert calibration.without_thin_moments({"a": full}, tokens=4)["a"].shape == (3, 3)
 
 
+@pytest.mark.parametrize("variant", ["e2b_gemma4_centroid", "e4b_text_dense_kv_eq"])
+def test_batched_calibration_gives_each_windows_own_moments(tiny_checkpoints, variant):
+    """Right-padded windows of unequal length, several per forward pass, against one window per pass: padding
+    leaks into no real position, pad rows are dropped, the shared-input moments are reused correctly."""
+    from mtpkit.export.checkpoint import resolve
+    from mtpkit.export.models import target_adapter
+
+    adapter = target_adapter(source := resolve(str(tiny_checkpoints(variant)[0]), "target"))
+    model = adapter.load(source)
+    rng = np.random.default_rng(0)
+    prompts = [[2, *rng.integers(3, 200, size=n).tolist()] for n in (40, 7, 63, 1, 25)]
+    one = calibration.importance(model, prompts, adapter.INT4_COMPENSATE, batch=1)
+    batched = calibration.importance(model, prompts, adapter.INT4_COMPENSATE, batch=3)
+    assert set(one) == set(batched) and any(m.ndim == 2 for m in one.values())
+    for key, m in one.items():
+        assert np.allclose(batched[key], m, rtol=1e-4, atol=1e-6 * np.abs(m).max()), key
+    q, o = (one[f"layers.0.self_attn.{w}_proj"] for w in "qo")
+    assert np.array_equal(q, one["layers.0.self_attn.k_proj"]) and not np.allclose(q, o[:len(q)])
+
+
 def _correlated_inputs(rng, tokens: int, width: int) -> np.ndarray:
     """Activations with strongly correlated channels, as a decoder's hidden states have."""
     mix = rng.normal(size=(width // 4, width)).astype(np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,12 +25,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def module_at(commit: str):
-    """export/int4.py as it was at `commit`, imported on its own (its one package import made absolute)."""
-    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:export/int4.py"], check=True,
+def module_at(commit: str, name: str = "int4"):
+    """export/<name>.py as it was at `commit`, imported on its own (its package imports made absolute)."""
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:export/{name}.py"], check=True,
                           capture_output=True, text=True).stdout
-    text = text.replace("from .recipes import", "from mtpkit.export.recipes import")
-    path = Path(tempfile.mkdtemp()) / f"int4_{commit}.py"
+    text = re.sub(r"^(\s*)from \.(\w*) import", r"\1from mtpkit.export.\2 import", text, flags=re.M)
+    text = text.replace("from mtpkit.export. import", "from mtpkit.export import")
+    text = text.replace("Path(__file__)", f"Path({str(ROOT / 'export' / name)!r}).with_suffix('.py')")  # its data files
+    path = Path(tempfile.mkdtemp()) / f"{name}_{commit}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)

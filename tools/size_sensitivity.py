@@ -68,6 +68,10 @@ CASES = [
     ("mobile, weights and tables rotated (Hadamard blocks of 128)", {**dict.fromkeys(E2B, (4, C)), "rotate": 128},
      True),
     ("int4, rotated (Hadamard blocks of 128)", {**CASES_INT4, "rotate": 128}, False),
+    # other 16-level encodings of a row at mobile's bytes: an asymmetric range (a zero point per row, 16 bits more)
+    # and a row's own 16 levels (k-means weighted by calibration; 256 bits more per row, no LiteRT kernel reads it)
+    ("mobile, asymmetric range per channel / row", {**dict.fromkeys(E2B, (4, C)), "encoder": "asymmetric"}, True),
+    ("mobile, 16-level codebook per channel / row", {**dict.fromkeys(E2B, (4, C)), "encoder": "codebook"}, True),
 ]
 
 
@@ -79,7 +83,8 @@ def e2b_gb(choice: dict, shared_layers: int = 5) -> float:
     for kind, (n, width) in E2B.items():
         for share, (bits, block) in ((part, choice[kind]), (1 - part, choice["mlp"])) if kind == "mlp_shared" \
                 else ((1, choice[kind]),):
-            total += share * n * (bits + (16 / (block or width) if bits < 8 else 0)) / 8
+            extra = {"asymmetric": 16, "codebook": 16 * (1 << bits) - 16}.get(choice.get("encoder"), 0)
+            total += share * n * (bits + ((16 + extra) / (block or width) if bits < 8 else 0)) / 8
     return total / 1e9
 
 
@@ -121,6 +126,58 @@ def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bo
             errors[:, j - start] = (w[:, j] - out[:, j]) / factor[j, j]
             w[:, j + 1:end] -= np.outer(errors[:, j - start], factor[j, j + 1:end])
         w[:, end:] -= errors @ factor[start:end, end:]
+    return out
+
+
+def row_levels(w: np.ndarray, bits: int, encoder: str, weight: np.ndarray) -> np.ndarray:
+    """[n, 2^bits] sorted levels per row: an asymmetric range (both ends shrunk on a 9 x 9 grid, the least
+    weighted squared error) or a weighted 1-D k-means (Lloyd, 25 rounds from the row's quantiles)."""
+    m = 1 << bits
+    lo, hi = w.min(axis=1, keepdims=True), w.max(axis=1, keepdims=True)
+    if encoder == "asymmetric":
+        best, best_err = None, None
+        for a in np.linspace(0.6, 1.0, 9):
+            for b in np.linspace(0.6, 1.0, 9):
+                levels = lo * a + (hi * b - lo * a) * np.linspace(0, 1, m)
+                err = (np.square(nearest(w, levels) - w) * weight).sum(axis=1)
+                better = err < best_err if best is not None else np.ones(len(w), bool)
+                best = levels if best is None else np.where(better[:, None], levels, best)
+                best_err = err if best_err is None else np.where(better, err, best_err)
+        return best
+    levels = np.quantile(w, (np.arange(m) + 0.5) / m, axis=1).T
+    for _ in range(25):
+        idx = np.abs(w[:, :, None] - levels[:, None, :]).argmin(axis=2)
+        onehot = (idx[:, :, None] == np.arange(m)) * weight[:, :, None]
+        mass = onehot.sum(axis=1)
+        levels = np.where(mass > 0, (onehot * w[:, :, None]).sum(axis=1) / np.maximum(mass, 1e-12), levels)
+    return np.sort(levels, axis=1)
+
+
+def nearest(w: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Each entry of w [n, k] (or [n]) rounded to the nearest of its row's levels [n, m]."""
+    flat = w.ndim == 1
+    w2 = w[:, None] if flat else w
+    out = np.take_along_axis(levels, np.abs(w2[:, :, None] - levels[:, None, :]).argmin(axis=2), axis=1)
+    return out[:, 0] if flat else out
+
+
+def level_quant(w: np.ndarray, bits: int, encoder: str, importance, compensated: bool) -> np.ndarray:
+    """w with each row at its own levels (row_levels), GPTQ column by column when compensated and the full
+    moment is known: the levels are chosen once from the row, as mobile's per-channel scale is."""
+    from mtpkit.export.int4 import _inverse_factor, _normalised
+
+    w = np.array(w, np.float32)
+    n, k = w.shape
+    full = importance is not None and np.ndim(importance) == 2
+    diagonal = np.diagonal(importance) if full else importance
+    weight = np.ones((1, k), np.float32) if diagonal is None else _normalised(diagonal)[None, :]
+    levels = row_levels(w, bits, encoder, weight)
+    if not (full and compensated):
+        return nearest(w, levels)
+    factor, out = _inverse_factor(np.asarray(importance, np.float64)), np.empty_like(w)
+    for j in range(k):
+        out[:, j] = nearest(w[:, j], levels)
+        w[:, j + 1:] -= np.outer((w[:, j] - out[:, j]) / factor[j, j], factor[j, j + 1:])
     return out
 
 
@@ -226,7 +283,9 @@ def _measure(model, float_sd, importance, windows, want, choice, compensate_more
         key = "lm_head" if kind == "head" else weight_key(name)
         compensated = "gate_proj" in name or "up_proj" in name or compensate_more and kind in ("att", "head")
         block = block if block and value.shape[1] % block == 0 else C
-        quantize = lambda w, imp: fake_quant(w, bits, block, imp, compensated)  # noqa: E731
+        encoder = choice.get("encoder") if bits < 8 else None
+        quantize = (lambda w, imp: level_quant(w, bits, encoder, imp, compensated)) if encoder else \
+            (lambda w, imp: fake_quant(w, bits, block, imp, compensated))  # noqa: E731
         w, imp = value.double().numpy(), importance.get(key or "")
         w = rotated(w, imp, choice["rotate"], quantize) if choice.get("rotate") and bits < 8 else quantize(w, imp)
         state[name] = torch.from_numpy(w.astype(np.float32))
