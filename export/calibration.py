@@ -181,7 +181,8 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
     return any(hay[i:i + n] == needle for i in range(len(hay) - n + 1))
 
 
-def importance(model, prompts: list[list[int]], full: tuple[str, ...] = (), batch: int = BATCH) -> dict[str, np.ndarray]:
+def importance(model, prompts: list[list[int]], full: tuple[str, ...] = (),
+               batch: int = BATCH) -> dict[str, np.ndarray]:
     """Mean square input activation per channel of every nn.Linear inside the decoder layers, keyed by
     export/int4.weight_key, from forward passes over `batch` prompts at a time; for the keys containing a `full`
     substring, the whole mean x x^T [k, k] (float32) instead, which export/int4.encode uses to compensate rounding

@@ -3,7 +3,8 @@ search and feed GPTQ), this tree's export/calibration.py against the same file a
 run, with the moments compared. The target is held in bf16 and computed in fp32, as `mtpkit export` does at full
 size. Not run in CI.
 
-    .venv/bin/python tools/calibration_time.py CHECKPOINT/target [--windows 16] [--rounds 1] [--against COMMIT]
+    .venv/bin/python tools/calibration_time.py CHECKPOINT/target [--windows 16] [--rounds 1] [--batch 8]
+        [--against COMMIT]
 
 CHECKPOINT: e.g. `tools/random_checkpoint.py /tmp/E2B --model e2b`. Windows: the first N of the built-in set's.
 """
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target", help="a full-size target checkpoint folder")
     p.add_argument("--windows", type=int, default=0, help="the first N calibration windows (default: all)")
     p.add_argument("--rounds", type=int, default=1, help="timed runs per commit (default 1)")
+    p.add_argument("--batch", type=int, default=0, help="windows per pass for this tree (default: its own BATCH)")
     p.add_argument("--against", default="f188192", help="the commit to compare with (default f188192)")
     args = p.parse_args(argv)
     from tokenizers import Tokenizer
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for name, module in versions.items():
                 start = time.perf_counter()
-                moments[name] = module.importance(model, prompts, adapter.INT4_COMPENSATE)
+                batch = {"batch": args.batch} if args.batch and module is calibration else {}
+                moments[name] = module.importance(model, prompts, adapter.INT4_COMPENSATE, **batch)
                 seconds[name].append(time.perf_counter() - start)
                 print(f"  {name}: {seconds[name][-1]:.1f} s", flush=True)
     before, after = (min(s) for s in seconds.values())
