@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     adapter = target_adapter(source)
     model = adapter.load(source, "bf16")
     tok = Tokenizer.from_file(str(source.folder / "tokenizer.json"))
-    prompts, record = calibration.load(None, lambda t: tok.encode(t, add_special_tokens=False).ids, 2)
+    prompts, _ = calibration.load(None, lambda t: tok.encode(t, add_special_tokens=False).ids, 2)
     prompts = prompts[:args.windows or None]
     print(f"{len(prompts)} windows, {sum(map(len, prompts))} tokens", flush=True)
     versions = {args.against: module_at(args.against, "calibration"), "this tree": calibration}

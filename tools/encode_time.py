@@ -29,8 +29,8 @@ def module_at(commit: str, name: str = "int4"):
     """export/<name>.py as it was at `commit`, imported on its own (its package imports made absolute)."""
     text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:export/{name}.py"], check=True,
                           capture_output=True, text=True).stdout
-    text = re.sub(r"^(\s*)from \.(\w*) import", r"\1from mtpkit.export.\2 import", text, flags=re.M)
-    text = text.replace("from mtpkit.export. import", "from mtpkit.export import")
+    text = re.sub(r"^(\s*)from \.(\w*) import", lambda m: f"{m[1]}from mtpkit.export{'.' * bool(m[2])}{m[2]} import",
+                  text, flags=re.M)
     text = text.replace("Path(__file__)", f"Path({str(ROOT / 'export' / name)!r}).with_suffix('.py')")  # its data files
     path = Path(tempfile.mkdtemp()) / f"{name}_{commit}.py"
     path.write_text(text)

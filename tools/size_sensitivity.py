@@ -96,6 +96,12 @@ def scale_grid(bits: int) -> np.ndarray:
     return np.linspace(hi * 0.93, (hi + 1) * 1.06, 17, dtype=np.float32) if bits > 2 else TWO_BIT_GRID
 
 
+def moments(importance) -> tuple[bool, np.ndarray | None]:
+    """(whether the full moment [k, k] is known, the per-channel mean squares or None)."""
+    full = importance is not None and np.ndim(importance) == 2
+    return full, np.diagonal(importance) if full else importance
+
+
 def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bool) -> np.ndarray:
     """w at `bits` (8: symmetric per channel; 4 / 2: scales searched as export/int4.py does, over codes
     -2^(bits-1)..2^(bits-1)-1, GPTQ when compensated and the full moment is known)."""
@@ -109,8 +115,7 @@ def fake_quant(w: np.ndarray, bits: int, block: int, importance, compensated: bo
     block = block or k
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     grid = scale_grid(bits)
-    full = importance is not None and np.ndim(importance) == 2
-    diagonal = np.diagonal(importance) if full else importance
+    full, diagonal = moments(importance)
     weight = None if diagonal is None else _normalised(diagonal).reshape(1, k // block, block)
     if not (full and compensated):
         scale = best_scales(w.reshape(n, k // block, block), weight, grid, lo, hi)
@@ -168,8 +173,7 @@ def level_quant(w: np.ndarray, bits: int, encoder: str, importance, compensated:
 
     w = np.array(w, np.float32)
     n, k = w.shape
-    full = importance is not None and np.ndim(importance) == 2
-    diagonal = np.diagonal(importance) if full else importance
+    full, diagonal = moments(importance)
     weight = np.ones((1, k), np.float32) if diagonal is None else _normalised(diagonal)[None, :]
     levels = row_levels(w, bits, encoder, weight)
     if not (full and compensated):
