@@ -100,7 +100,6 @@ class Model:
     def __init__(self, engine: Engine):
         self.engine = engine  # manifest, sessions, KV cache and codec (mtpkit.runtime.engine.Engine)
         self.last_stats: dict | None = None  # Stats.summary() of the latest run, also one stopped early
-        self._answers: dict[str, list[int]] = {}  # answers chat() generated, as ids: the next call renders them so
 
     def generate(self, prompt: str, *, chat: bool = False, **options) -> Generation:
         """Generate a continuation of `prompt`; chat=True wraps it as one user turn in the chat template."""
@@ -120,12 +119,12 @@ class Model:
 
     def chat(self, messages: list[dict], **options) -> Generation:
         """The next assistant turn for `messages` ([{"role": "user" | "assistant" | ..., "content": str}, ...]),
-        rendered with the export's chat template; an earlier answer this model generated (its text unchanged)
-        renders as the ids it generated. The cache keeps the previous call's conversation: only what follows the
-        prefix it shares with `messages` is prefilled (the tokens are a fresh prefill's). A
-        conversation that no longer fits raises ConversationFullError (a ValueError); conversation(drop_oldest=
-        True) drops the oldest turns instead."""
-        return self.conversation(messages).reply(**options)
+        rendered with the export's chat template: the tokens a fresh load(path).chat(messages) gives, whatever this
+        model ran before. The cache keeps what the previous call left there: only what follows the prefix it
+        shares with the rendered `messages` is prefilled (stats: cached_tokens, prefilled_tokens). A conversation
+        that no longer fits raises ConversationFullError (a ValueError); conversation(drop_oldest=True) drops the
+        oldest turns instead."""
+        return self.conversation(messages).reply(**options)  # has generated nothing: all renders as text
 
     def stream_chat(self, messages: list[dict], **options) -> Iterator[str]:
         """chat(), streamed as text deltas (see stream)."""
@@ -135,7 +134,14 @@ class Model:
         """A chat kept between turns: send(text) answers and remembers; `messages` starts its history."""
         from mtpkit.runtime.conversation import Conversation as State
 
-        return Conversation(self, State(self.engine, messages, drop_oldest, self._answers))
+        return Conversation(self, State(self.engine, messages, drop_oldest))
+
+    def load_conversation(self, path: str | Path, *, drop_oldest: bool = False) -> Conversation:
+        """A conversation written by Conversation.save(path) on this export, continuing with the tokens the saved
+        one would have given."""
+        from mtpkit.runtime.conversation import Conversation as State
+
+        return Conversation(self, State.load(self.engine, path, drop_oldest))
 
     def _run(self, prompt_ids: list[int], cfg: GenConfig) -> Iterator[int]:
         """The engine's token ids for prompt_ids (a generate or stream: nothing reused from a conversation);
@@ -180,8 +186,11 @@ class Conversation:
 
     messages is the history; edit it between turns (a changed earlier message, a dropped last answer to
     regenerate) and reply() answers it as it stands: the cache rewinds to where the history first differs. Every
-    turn's tokens are those a fresh prefill of the whole conversation gives. drop_oldest: when a turn does not fit
-    the KV capacity, the oldest whole turns go (`dropped` counts them); otherwise ConversationFullError.
+    turn's tokens are those a fresh prefill of the whole conversation gives. An answer it generated renders as the
+    ids it generated (unless its text is edited), as LiteRT-LM's Conversation keeps it: its tokens may differ from
+    Model.chat on the same messages, which renders every message as text. save(path) keeps all of that;
+    Model.load_conversation(path) continues it. drop_oldest: when a turn does not fit the KV capacity, the oldest
+    whole turns go (`dropped` counts them); otherwise ConversationFullError.
     """
 
     def __init__(self, model: Model, state: ConversationState):
@@ -197,6 +206,10 @@ class Conversation:
 
     def reset(self) -> None:
         self.state.reset()
+
+    def save(self, path: str | Path) -> None:
+        """Write the history and the ids of the answers it keeps as JSON (Model.load_conversation reads it)."""
+        self.state.save(path)
 
     def send(self, text: str, **options) -> Generation:
         """Add a user message, answer it and keep the answer in the history."""

@@ -14,12 +14,12 @@ if TYPE_CHECKING:
     from .conversation import Conversation
     from .engine import GenConfig
 
-EPILOG = """Type a message and press Enter: the answer streams to stdout, then the same stats line as `mtpkit run`
-goes to stderr. The KV cache is kept between turns: each turn prefills only the new message (the answers are the
-ones a fresh prefill of the whole conversation gives). The conversation must fit the export's KV capacity together
-with --max-new-tokens: when it no longer does, --drop-oldest drops the oldest whole turns (and says so), otherwise
-the turn is refused and /reset clears the history. An empty line or end of input (Ctrl-D) ends the session.
-Greedy by default; --temperature > 0 samples losslessly.
+EPILOG = """Type a message and press Enter: the answer streams to stdout, then the stats line of `mtpkit run` goes
+to stderr with the prompt's tokens reused from the cache and prefilled. The KV cache is kept between turns: each
+turn prefills only the new message (the answers are the ones a fresh prefill of the whole conversation gives). The
+conversation must fit the export's KV capacity together with --max-new-tokens: when it no longer does, --drop-oldest
+drops the oldest whole turns (and says so), otherwise the turn is refused and /reset clears the history. An empty
+line or end of input (Ctrl-D) ends the session. Greedy by default; --temperature > 0 samples losslessly.
 
 examples:
   mtpkit chat DIR
@@ -99,5 +99,5 @@ def _answer(conversation: Conversation, text: str, cfg: GenConfig) -> None:
         print(f"mtpkit chat: {e}{hint}", file=sys.stderr, flush=True)
         return
     print(flush=True)  # end the streamed answer before the stats line on stderr
-    sys.stderr.write(stats_line(stats.summary(), cfg.mtp) + "\n")
+    sys.stderr.write(stats_line(stats.summary(), cfg.mtp, prompt=True) + "\n")
     sys.stderr.flush()

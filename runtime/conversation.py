@@ -3,9 +3,10 @@
 The messages are rendered with the export's chat template every turn, and the engine prefills only the ids after
 the longest common prefix with what its cache holds (Engine.cached_prefix): an edited or regenerated turn rewinds to
 where the history first differs, the way a rejected draft rewinds. The tokens of every turn are therefore the tokens
-a fresh prefill of the whole rendered conversation gives. An answer the model generated renders as the ids it
-generated, not its text re-tokenized (TextCodec.encode_chat's kept), so the cache holds it as the history renders it;
-an answer whose text was edited renders as text.
+a fresh prefill of the whole rendered conversation gives. An answer this conversation generated renders as the ids
+it generated, not its text re-tokenized (TextCodec.encode_chat's kept), so the cache holds it as the history renders
+it; an answer whose text was edited renders as text. save() writes the history with those ids, and load() restores
+it to continue with the tokens the saved conversation would have given.
 
 When the next turn does not fit the export's KV capacity, the oldest whole turns are dropped (drop_oldest) and
 what remains is prefilled again, or ConversationFullError names both ways out.
@@ -13,6 +14,9 @@ what remains is prefilled again, or ConversationFullError names both ways out.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from mtpkit.errors import UsageError
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
 
 
 MAX_ANSWERS = 256  # generated answers remembered as ids (a history longer than this renders the oldest as text)
+FORMAT, VERSION = "mtpkit.conversation", 1  # what save() writes and load() reads
 
 
 class ConversationFullError(UsageError):
@@ -33,14 +38,37 @@ class Conversation:
     """messages: the history ([{"role", "content"}, ...]), editable between turns; reply() answers its last user
     message and appends the answer. dropped: whole turns dropped so far to fit the cache (drop_oldest)."""
 
-    def __init__(self, engine: Engine, messages: list[dict] | None = None, drop_oldest: bool = False,
-                 answers: dict[str, list[int]] | None = None):
+    def __init__(self, engine: Engine, messages: list[dict] | None = None, drop_oldest: bool = False):
         self.engine, self.drop_oldest = engine, drop_oldest
         self.messages: list[dict] = list(messages or [])
         self.dropped = 0
         self.prompt_ids: list[int] = []  # the latest turn's rendered history
-        # generated answers' text -> their ids without the stop token (shared between Model.chat calls)
-        self.answers: dict[str, list[int]] = {} if answers is None else answers
+        self.answers: dict[str, list[int]] = {}  # generated answers' text -> their ids without the stop token
+
+    def save(self, path: str | Path) -> None:
+        """Write the history as JSON: the messages, each kept answer's ids by message index, the turns dropped so
+        far and the sha256 of the tokenizer the ids belong to. Replaced in one step: a crash leaves the old file."""
+        state = {"format": FORMAT, "version": VERSION, "tokenizer_sha256": self.engine.manifest.tokenizer["sha256"],
+                 "messages": self.messages, "dropped": self.dropped,
+                 "kept": [{"message": i, "ids": ids} for i, ids in sorted(self._kept().items())]}
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(state, ensure_ascii=False, indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # gone after the replace; a failed write leaves no stray file
+
+    @classmethod
+    def load(cls, engine: Engine, path: str | Path, drop_oldest: bool = False) -> Conversation:
+        """A conversation saved by save(), on the export it was saved from (the same tokenizer): its next turn
+        renders, and so generates, exactly as the saved one's would have."""
+        state = _read_state(Path(path), engine)
+        conversation = cls(engine, state["messages"], drop_oldest)
+        conversation.dropped = state["dropped"]
+        for entry in state["kept"]:
+            conversation.answers[conversation.messages[entry["message"]]["content"]] = list(entry["ids"])
+        return conversation
 
     def reset(self) -> None:
         """Forget the history (the cache is overwritten from the first position by the next turn)."""
@@ -121,3 +149,40 @@ class Conversation:
         self.answers[text] = produced[:-1] if produced[-1] in self.engine.manifest.eos_ids else produced
         while len(self.answers) > MAX_ANSWERS:
             del self.answers[next(iter(self.answers))]
+
+
+def _read_state(path: Path, engine: Engine) -> dict:
+    """The JSON save() wrote, checked: UsageError in one line for a file that is not one, or holds ids of another
+    tokenizer (they would render as other text)."""
+    def refuse(reason: str) -> UsageError:
+        return UsageError(f"{path} is not a conversation mtpkit can restore ({reason}); restore a file written by "
+                          "Conversation.save on the same export")
+
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise refuse(f"{type(e).__name__}: {e}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") != VERSION:
+        raise refuse(f"no {FORMAT} version {VERSION} header")
+    if state.get("tokenizer_sha256") != engine.manifest.tokenizer["sha256"]:
+        raise refuse("it was saved with another tokenizer, so its kept ids would read as other text")
+    messages, kept, dropped = state.get("messages"), state.get("kept"), state.get("dropped")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise refuse("'messages' is not a list of messages")
+    if not isinstance(dropped, int) or isinstance(dropped, bool) or dropped < 0:
+        raise refuse("'dropped' is not a count")
+    vocab = engine.codec.tokenizer.get_vocab_size()
+    for entry in kept if isinstance(kept, list) else [None]:
+        if not _kept_entry_fits(entry, messages, vocab):
+            raise refuse(f"a 'kept' entry is not an assistant message's index with ids below {vocab}: {entry!r:.80}")
+    return state
+
+
+def _kept_entry_fits(entry: object, messages: list[dict], vocab: int) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("ids"), list):
+        return False
+    i = entry.get("message")
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(messages):
+        return False
+    is_answer = messages[i].get("role") == "assistant" and isinstance(messages[i].get("content"), str)
+    return is_answer and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in entry["ids"])

@@ -62,6 +62,7 @@ class Stats:
             "target_calls": self.target_calls, "drafter_calls": self.drafter_calls,
             "tokens_per_target_call": tokens_per_target_call(self.new_tokens, self.target_calls),
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+            "prefilled_tokens": self.prompt_tokens - self.cached_tokens,
             "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s,
             "latency_p50_ms": 1e3 * float(np.percentile(lat, 50)), "latency_p95_ms": 1e3 * float(np.percentile(lat, 95)),
             "tokens_per_s": (self.new_tokens - 1) / (self.total_s - self.ttft_s) if self.total_s > self.ttft_s and self.new_tokens > 1 else None,
@@ -98,10 +99,13 @@ def timed(tokens: Iterable[T], stats: Stats) -> Iterator[T]:
     stats.total_s = time.perf_counter() - start
 
 
-def stats_line(s: dict, mtp: bool) -> str:
-    """The one-line summary of a run (Stats.summary()) that `mtpkit run` and `mtpkit chat` print to stderr."""
+def stats_line(s: dict, mtp: bool, prompt: bool = False) -> str:
+    """The one-line summary of a run (Stats.summary()) that `mtpkit run` and `mtpkit chat` print to stderr; prompt:
+    also the prompt's tokens reused from the cache and prefilled (a chat turn)."""
     line = f"mtpkit: {s['new_tokens']} tokens, {s['tokens_per_s'] or 0:.1f} tok/s, ttft {s['ttft_ms']:.1f} ms"
     if mtp and s["drafted"]:
         line += (f", accepted {s['accepted']}/{s['drafted']} drafts ({100 * s['acceptance_rate']:.0f}%), "
                  f"{s['tokens_per_target_call']:.2f} tokens per target call")
+    if prompt:
+        line += f", prompt {s['prompt_tokens']} tokens ({s['cached_tokens']} reused, {s['prefilled_tokens']} prefilled)"
     return line

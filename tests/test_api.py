@@ -97,9 +97,11 @@ def test_chat_cli_keeps_the_conversation(model, export_dir):
     result = _cli("chat", export_dir, "--max-new-tokens", "8", "--threads", "1", stdin="hello\nagain\n")
     assert result.returncode == 0, result.stderr
     assert len(STATS_LINE.findall(result.stderr)) == 2 and STATS_LINE.sub("", result.stderr) == ""
-    first = model.chat([{"role": "user", "content": "hello"}], max_new_tokens=8).text
-    second = model.chat([{"role": "user", "content": "hello"}, {"role": "assistant", "content": first},
-                         {"role": "user", "content": "again"}], max_new_tokens=8).text
+    prompts = re.findall(r"prompt (\d+) tokens \((\d+) reused, (\d+) prefilled\)", result.stderr)
+    assert [int(reused) > 0 for _, reused, _ in prompts] == [False, True]  # the second turn reuses the first
+    assert all(int(p) == int(r) + int(f) for p, r, f in prompts)
+    conversation = model.conversation()  # what the CLI keeps: answers as the ids generated
+    first, second = (conversation.send(text, max_new_tokens=8).text for text in ("hello", "again"))
     assert result.stdout == f"{first}\n{second}\n"
 
 

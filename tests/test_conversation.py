@@ -164,24 +164,6 @@ def test_the_chat_cli_drops_the_oldest_turns_or_stops_in_one_line(small_cache):
         assert notes and all(expected in ln for ln in notes), result.stderr
 
 
-def test_model_chat_reuses_the_previous_calls_conversation(tiny_exports):
-    import mtpkit
-
-    model = mtpkit.load(tiny_exports("e2b_gemma4_centroid"), threads=1)
-    history = [{"role": "user", "content": TURNS[0]}]
-    first = model.chat(history, max_new_tokens=8)
-    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": TURNS[1]}]
-    second = model.chat(history, max_new_tokens=8)
-    # the first answer renders as the ids generated, so the second call reuses all of it but the newest id
-    reused = len(first.prompt_ids) + len(first.token_ids) - 1
-    assert model.last_stats["cached_tokens"] >= reused
-    assert list(second.prompt_ids[:reused]) == [*first.prompt_ids, *first.token_ids][:reused]
-    conversation = model.conversation()
-    assert conversation.send(TURNS[0], max_new_tokens=8).token_ids == first.token_ids
-    assert "".join(conversation.stream(TURNS[1], max_new_tokens=8)) == second.text
-    assert [m["role"] for m in conversation.messages] == ["user", "assistant"] * 2
-
-
 def test_a_generated_answer_renders_as_its_ids_only_where_the_template_inserts_its_text(tiny_exports):
     from mtpkit.runtime.manifest import load_manifest
     from mtpkit.runtime.tokenizer import TextCodec
