@@ -17,6 +17,7 @@ from . import recipes
 from .recipes import PLE_RECIPES, Recipe
 
 log = logging.getLogger("mtpkit")
+AUTO = "auto"  # --quant's default: checkpoint for a pre-quantized target, else fp32 (resolved in _check_quant)
 
 BLOCK_SIZES = (32, 64, 128)
 DTYPES = ("auto", "fp32", "bf16", "fp16")  # what the exporter holds the target's weights in (models/gemma4_text.py)
@@ -50,12 +51,14 @@ class ExportConfig:
     max_cache_len: int | None = flag(None, "KV capacity in tokens: prompt + generated (default "
                                            f"{DEFAULT_MAX_CACHE_LEN}, or the target's max_position_embeddings when "
                                            "that is smaller)", type=int)
-    quant: str = flag("fp32", "target weights: fp32, fp16, int8 or int4 (weight-only, blockwise; int4 picks its "
-                              "scales on calibration text and keeps the sensitive tensors at 8 bits, int4-rtn is "
-                              "plain round-to-nearest), int8-dynamic (per-channel int8 weights, int8 activations "
-                              "at run time), or mobile (size-first: every weight and table 4-bit, one scale per "
-                              "channel: the smallest bundle); quantized graphs are measured against the float model "
-                              "and gated (see quant_fidelity.json)", choices=recipes.names)
+    quant: str = flag(AUTO, "target weights: fp32, fp16, int8 or int4 (weight-only, blockwise; int4 picks its "
+                            "scales on calibration text and keeps the sensitive tensors at 8 bits, int4-rtn is "
+                            "plain round-to-nearest), int8-dynamic (per-channel int8 weights, int8 activations "
+                            "at run time), mobile (size-first: every weight and table 4-bit, one scale per "
+                            "channel: the smallest bundle), or checkpoint (a quantization-aware-trained "
+                            "checkpoint's own codes and scales, exactly); quantized graphs are measured against "
+                            "the float model and gated (see quant_fidelity.json). auto: checkpoint for a "
+                            "pre-quantized checkpoint, else fp32", choices=lambda: (AUTO, *recipes.names()))
     drafter_quant: str | None = flag(None, "drafter weights (default: --quant, but int4 under int8 and "
                                        "int8-dynamic: the target verifies what it proposes)", choices=recipes.names)
     ple_quant: str | None = flag(None, "per-layer-embedding table under the int recipes: int8, or int4 (half the "
@@ -176,6 +179,8 @@ class ExportConfig:
         return replace(self, max_cache_len=cache, prefill_len=prefill, max_draft=max_draft)
 
     def _check_quant(self, backends) -> None:
+        if self.quant == AUTO:
+            object.__setattr__(self, "quant", self._auto_quant())
         object.__setattr__(self, "quant", recipes.ALIASES.get(self.quant, self.quant))
         object.__setattr__(self, "drafter_quant", recipes.ALIASES.get(self.drafter_quant, self.drafter_quant))
         for flag, recipe in (("--quant", self.quant), ("--drafter-quant", self.drafter_quant)):
@@ -203,6 +208,21 @@ class ExportConfig:
             if not self.calibration.is_file():
                 raise UsageError(f"--calibration {self.calibration}: no such file; give a .jsonl of "
                                  '{"text": ...} or {"ids": [...]} lines')
+
+
+    def _auto_quant(self) -> str:
+        """--quant's default: a pre-quantized target keeps its lattice (checkpoint), and so does a pre-quantized
+        drafter under it; anything else is exported float (fp32)."""
+        from .lattice import detect_folder
+
+        found = detect_folder(self.target) if self.target else None
+        if found is None:
+            return "fp32"
+        if self.drafter_quant is None and self.drafter and detect_folder(self.drafter):
+            object.__setattr__(self, "drafter_quant", "checkpoint")
+        log.info("  --quant checkpoint: the target is a pre-quantized (%s) checkpoint; its codes and scales are "
+                 "written as they are", found)
+        return "checkpoint"
 
 
 def _fit(flag: str, given: int | None, default: int, limit: int, what: str) -> int:

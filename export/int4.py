@@ -180,6 +180,8 @@ class Int4Plan:
     low_bit: tuple[str, ...] = ()
     importance: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     calibration: Mapping = dataclasses.field(default_factory=dict, compare=False)  # what importance came from
+    # --quant checkpoint: the checkpoint's own codes and scales (export/lattice.Lattice); weights it lacks stay float
+    lattice: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def searched(self) -> bool:
@@ -187,6 +189,9 @@ class Int4Plan:
         return self.recipe.search_scales
 
     def bits(self, name: str) -> int:
+        if self.lattice is not None:
+            found = self.lattice.weight(name)
+            return found.bits if found is not None else 32
         if any(k in name for k in self.keep_8bit):
             return 8
         key = weight_key(name) or ""

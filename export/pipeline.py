@@ -21,7 +21,7 @@ from mtpkit.runtime.manifest import (SCHEMA_VERSION, Generation, KVCache, Manife
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
 from mtpkit.version import __version__
 
-from . import calibration, fidelity
+from . import calibration, fidelity, lattice
 from . import reference as reference_lib
 from . import outdir, preflight, reproduce, sizes, verify
 from .backends import ExportJob, backend_module
@@ -80,6 +80,7 @@ def prepare(cfg: ExportConfig) -> tuple[ExportConfig, tuple[Source, Source], tup
     adapters[1].check_compatible(*configs)
     cfg = cfg.fitted(configs[0].max_position_embeddings, _drafter_k(drafter_src))
     _check_tokenizer(target_src)
+    lattice.check_recipes(cfg.recipes, {"target": target_src.folder, "drafter": drafter_src.folder})
     if cfg.calibration is not None:  # before any weights load, not at the quantize step
         calibration.check_file(cfg.calibration, target_src.folder / "tokenizer.json", configs[0].sliding_window)
     _check_files(target_src, drafter_src)
@@ -182,6 +183,7 @@ def _quantize(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> Manifest:
         plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
                                   _encoder(job.folder), manifest.tokens.bos, cfg.calibration, cfg.ple_bits,
                                   job.low_bit)
+        plans.update(lattice.plans(recipes, {"target": job.target, "drafter": job.drafter}))
         page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
         backends = {kind: backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size,
                                                          cfg.accuracy_level, ple_bits=cfg.ple_bits, plans=plans)

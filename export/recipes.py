@@ -45,6 +45,8 @@ class Recipe:
     # the width --max-size lowers weights to, in the order the target's adapter names (low_bit_order), until the
     # export fits; None: the recipe has no lower width (a budget it misses is refused)
     low_bits: int | None = None
+    # writes a pre-quantized checkpoint's own codes and scales (export/lattice); weights it keeps float stay float
+    lattice: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -54,7 +56,7 @@ class Recipe:
     @property
     def int4(self) -> bool:
         """Blockwise 4-bit weights, with export/int4.py's plan (which weights keep 8 bits)."""
-        return self.bits == 4
+        return self.bits == 4 and not self.lattice
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
@@ -80,6 +82,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # 1.000 against 0.984, docs/scale-bench.md)
     Recipe("int8-dynamic", bits=8, table_bits=8, draft_table_bits=4, drafter="int4", gate=0.95, wider="int8", bytes_per_weight=1,
            onnx="dynamic", litert="int8", litert_as="int8", gguf=("Q8_0",)),
+    # a quantization-aware-trained checkpoint's own lattice, written as it is (docs/quantization.md, "checkpoint"):
+    # the default for a pre-quantized checkpoint. A float drafter beside it takes mobile's encoding
+    Recipe("checkpoint", bits=4, channelwise=True, gate=0.98, wider="fp32", bytes_per_weight=0.5, onnx="streamed",
+           litert="int4", drafter="mobile", lattice=True, gguf=("Q4_0",)),
 )}
 FP32 = RECIPES["fp32"]
 KEPT_8BIT = RECIPES["int8"]  # what a graph whose weights all kept 8 bits under a 4-bit recipe is recorded as

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import lattice
 from ..checkpoint import CheckpointError, Source, assign_state, load_tensors
+from ..lattice import srq
 from .gemma4_text import fused_ops  # noqa: F401  (the drafter's layers are transformers' Gemma 4 text layers)
 
 MODEL_TYPES = ("gemma4_assistant",)
@@ -56,11 +58,15 @@ def load(source: Source) -> nn.Module:
     with torch.device("meta"):
         model = Gemma4AssistantForCausalLM(config)
     state = load_tensors(source.folder, "", "")
+    state, found = lattice.read(source.config, state, "", {k: tuple(v.shape) for k, v in model.state_dict().items()})
     assign_state(model, state, "drafter", source.folder)
     text = model.model
     text.rotary_emb = type(text.rotary_emb)(text.config)
     text.embed_tokens.embed_scale = torch.tensor(text.config.hidden_size**0.5)
-    return model.float().eval()
+    model = model.float().eval()
+    model.lattice = found  # what --quant checkpoint writes (export/lattice)
+    srq.apply(model, found)
+    return model
 
 
 def check_compatible(target_config, drafter_config) -> None:

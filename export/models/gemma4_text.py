@@ -20,7 +20,9 @@ from torch import nn
 from mtpkit.runtime.manifest import KVLayer
 
 from ..backends.onnx import fused_ops as ops
+from .. import lattice
 from ..checkpoint import HF_SIDE_FILES, CheckpointError, Source, assign_state, load_tensors
+from ..lattice import srq
 from ..scoped import patched
 
 MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -74,6 +76,7 @@ def load(source: Source, dtype: str = "fp32") -> nn.Module:
     with torch.device("meta"):
         model = Gemma4ForCausalLM(config)
     state = load_tensors(source.folder, weight_prefix(source), "model.")
+    state, found = lattice.read(source.config, state, weight_prefix(source), _shapes(model))
     stored = {t.dtype for t in state.values() if t.is_floating_point()}
     held = next(iter(stored)) if dtype == "auto" and len(stored) == 1 else DTYPES.get(dtype, torch.float32)
     _load_state(model, state, source)
@@ -82,7 +85,13 @@ def load(source: Source, dtype: str = "fp32") -> nn.Module:
     for module in model.modules():  # buffers replaced, not .data-set (that breaks torch.export on a view)
         module._buffers.update({k: b.float() for k, b in module._buffers.items()
                                 if b is not None and b.is_floating_point()})
+    model.lattice = found  # what --quant checkpoint writes (export/lattice)
+    srq.apply(model, found)
     return model.eval()
+
+
+def _shapes(model: nn.Module) -> dict[str, tuple]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 @contextlib.contextmanager

@@ -184,7 +184,7 @@ def _find_uses(graph: onnx.GraphProto, initializer: str, w: np.ndarray):
 
 def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, block_size: int,
                           accuracy_level: int, base_dir: str | None = None, data_file: str | None = None,
-                          half_scales: bool = False) -> tuple[onnx.ModelProto, dict]:
+                          half_scales: bool = False, encoded: tuple | None = None) -> tuple[onnx.ModelProto, dict]:
     """Replace the tied table `initializer` W [V, H] by one block-quantized copy read by both of its uses: the
     lm_head as MatMulNBits, the lookup as GatherBlockQuantized over Reshape(B) as uint8 with its `bits` attribute
     (ORT >= 1.21).
@@ -197,6 +197,8 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
             (E2B's int8 PLE table is 2.35 GB: over protobuf's 2 GB message limit); None keeps it in the proto.
         half_scales: float16 scales for a table read by Gathers only (GatherBlockQuantized then outputs
             float16, cast back to W's dtype): half the scale bytes, E2B's PLE table 0.15 GB less at int8/b32.
+        encoded: (packed, scales) already laid out (a checkpoint's own codes, export/lattice/pack.py), written
+            instead of quantizing W.
     Returns:
         (model, layout): the model edited in place, and how the host can dequantize one row:
         {"initializer_data", "initializer_scales", "bits", "block_size", "shape": [V, H], "n_blocks",
@@ -214,7 +216,8 @@ def quantize_shared_table(model: onnx.ModelProto, initializer: str, bits: int, b
         raise RuntimeError(f"{initializer} has neither a Gather nor an lm_head use")
     if half_scales and heads:  # MatMulNBits needs scales of its input's type
         raise ValueError(f"{initializer} feeds an lm_head MatMul: its scales stay {w.dtype}")
-    packed, scales = _quantize_rows(w, bits, block_size, np.dtype(np.float16) if half_scales else None)
+    packed, scales = encoded if encoded is not None else \
+        _quantize_rows(w, bits, block_size, np.dtype(np.float16) if half_scales else None)
     table = _Packed(initializer, _unique(graph, f"{initializer}_q{bits}"), _unique(graph, f"{initializer}_scales"),
                     bits, block_size, w.shape, packed.shape)
     new_inits = [_initializer(packed, table.data, base_dir, data_file),

@@ -42,6 +42,17 @@ class Encoding:
         return f"int{self.bits}/b{self.block}" if self.kind == "nbits" else self.kind
 
 
+def lattice_encoding(weight, uses: set, channel_block: int) -> Encoding:
+    """--quant checkpoint: the checkpoint's codes at the narrowest width ONNX Runtime's ops take that holds them
+    (export/lattice/pack.py), float32 scales so they stay exact; a weight the checkpoint keeps float stays float."""
+    from ...lattice import pack
+
+    if weight is None or not set(uses) <= {MATMUL, LOOKUP} or not uses:
+        return Encoding("float32")
+    widths = pack.ONNX_TABLE_BITS if LOOKUP in uses else pack.ONNX_BITS
+    return Encoding("nbits", pack.widen(weight.bits, widths), pack.onnx_block(weight, channel_block))
+
+
 def nbits_layout(width: int, bits: int, block: int) -> tuple[int, int]:
     """(blocks, bytes per block) of a row of `width` weights: the row zero-padded to whole blocks, as MatMulNBits
     and GatherBlockQuantized store it."""
@@ -67,6 +78,8 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
         if len(shape) != 2 or not recipe.quantized:
             return Encoding("float32")
+        if plan is not None and plan.lattice is not None:
+            return lattice_encoding(plan.lattice.weight(name), uses, block_size)
         if recipe.onnx == "fp16":  # ONNX Runtime's converter: every float table and weight (norms keep fp32)
             return Encoding("float16")
         if not uses or not set(uses) <= {MATMUL, LOOKUP}:

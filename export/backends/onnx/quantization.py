@@ -99,16 +99,26 @@ def _quantize_tables(model: onnx.ModelProto, graph: str, recipe: Recipe, shared_
     choose = encoding_for(recipe, graph, block_size, ple_bits, plan)
     layout, ple, drafted = None, {}, {}
     if shared_name and (enc := choose(shared_name, _dims(model, shared_name), {MATMUL, LOOKUP})).kind == "nbits":
-        model, layout = quantize_shared_table(model, shared_name, bits=enc.bits, block_size=enc.block, **how)
+        model, layout = quantize_shared_table(model, shared_name, bits=enc.bits, block_size=enc.block,
+                                              encoded=_lattice_rows(plan, shared_name, enc), **how)
     for table in _lookup_tables(model, exclude=shared_name):
         if (enc := choose(table, _dims(model, table), {LOOKUP})).kind == "nbits":
             model, _ = quantize_shared_table(model, table, bits=enc.bits, block_size=enc.block,
-                                             half_scales=enc.scale_bytes == 2, **how)
+                                             half_scales=enc.scale_bytes == 2,
+                                             encoded=_lattice_rows(plan, table, enc), **how)
             if graph == "drafter":
                 drafted[table] = enc.label
             else:
                 ple[table] = f"int{enc.bits}"
     return model, layout, ple, drafted
+
+
+def _lattice_rows(plan: int4.Int4Plan | None, table: str, enc) -> tuple | None:
+    """A table's own codes and scales from a pre-quantized checkpoint (--quant checkpoint), laid out as enc."""
+    from ...lattice import pack
+
+    weight = plan.lattice.weight(table) if plan is not None and plan.lattice is not None else None
+    return None if weight is None else pack.nbits(weight, enc.bits, enc.block)
 
 
 # fp16 keeps these in fp32: x^2 in Gemma's RMSNorm overflows fp16 once |x| > 256, and the soft-cap / softmax

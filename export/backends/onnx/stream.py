@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ... import int4
+from ...lattice import pack
 from ...progress import progress
 from .encodings import matmul_bits, nbits_layout
 
@@ -188,12 +189,18 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
         tensor = b.const_value if b is not None and b.is_initializer() else None
         if tensor is None or b.name in skip or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
             continue
-        wbits = matmul_bits(bits, plan, b.name)
-        search = plan is not None and plan.searched and wbits in (2, 4)
-        quant = _Packed(tensor, wbits, block_size, search, plan.importance_of(b.name) if search else None)
-        chosen[b.name] = int4.label(wbits, block_size, quant.importance)
+        if plan is not None and plan.lattice is not None:
+            quant = _lattice_packed(tensor, plan.lattice.weight(b.name), block_size)
+            if quant is None:
+                continue  # a weight the checkpoint keeps float
+            chosen[b.name] = quant.lattice.label()
+        else:
+            wbits = matmul_bits(bits, plan, b.name)
+            search = plan is not None and plan.searched and wbits in (2, 4)
+            quant = _Packed(tensor, wbits, block_size, search, plan.importance_of(b.name) if search else None)
+            chosen[b.name] = int4.label(wbits, block_size, quant.importance)
         packs.append(quant)
-        _replace_matmul(graph, node, b, quant, block_size, accuracy_level)
+        _replace_matmul(graph, node, b, quant, quant.block_size, accuracy_level)
         replaced += 1
     if replaced:
         model.opset_imports.setdefault(MS_DOMAIN, 1)
@@ -202,6 +209,16 @@ def quantize_matmuls(path: Path, bits: int, block_size: int, accuracy_level: int
                 quant.done = advance
             _save_replacing(model, path)
     return chosen
+
+
+def _lattice_packed(tensor, weight, channel_block: int) -> _Packed | None:
+    """The checkpoint's codes of a MatMul weight (B is W^T: [in, out]), refused by name when they do not fit it."""
+    if weight is None:
+        return None
+    if tuple(weight.codes.shape[::-1]) != tuple(tensor.shape):
+        raise ValueError(f"the checkpoint's codes {weight.codes.shape} do not fit the graph weight {tensor.shape}")
+    return _Packed(tensor, pack.widen(weight.bits, pack.ONNX_BITS), pack.onnx_block(weight, channel_block),
+                   lattice=weight)
 
 
 def _replace_matmul(graph, node, b, quant, block_size: int, accuracy_level: int) -> None:
@@ -250,12 +267,14 @@ class _Packed:
     """One weight's (packed, scales), computed on the first read and dropped once both were read: the writer asks
     for them one after the other, so at most one weight's quantized copy is alive."""
 
-    def __init__(self, tensor, bits: int, block_size: int, search: bool = False, importance=None):
+    def __init__(self, tensor, bits: int, block_size: int, search: bool = False, importance=None, lattice=None):
         self.tensor, self.bits, self.block_size, self.result, self.reads = tensor, bits, block_size, None, 0
-        self.search, self.importance = search, importance
+        self.search, self.importance, self.lattice = search, importance, lattice
         self.done = lambda n: None  # progress: called once per weight written
 
     def get(self, index: int) -> np.ndarray:
+        if self.result is None and self.lattice is not None:  # the checkpoint's own codes and scales
+            self.result = pack.nbits(self.lattice, self.bits, self.block_size)
         if self.result is None:
             w = self.tensor.numpy()
             self.result = _searched(w, self.block_size, self.importance, self.bits) if self.search else \

@@ -1,0 +1,51 @@
+"""A checkpoint's codes laid out as the graphs store them, never re-rounded."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import Weight
+
+ONNX_BITS = (2, 4, 8)  # MatMulNBits widths
+ONNX_TABLE_BITS = (4, 8)  # GatherBlockQuantized widths: a 2-bit table's codes are written at 4 bits (exact)
+
+
+def onnx_block(weight: Weight, channel_block: int) -> int:
+    """The MatMulNBits / GatherBlockQuantized block of a weight (a power of two, at least 16): its group where the
+    checkpoint has groups; per channel, ONNX Runtime's largest block `channel_block` with the channel's scale
+    repeated in each, or the largest power of two dividing the row where that does not nest with it."""
+    group = weight.group
+    if weight.scales.shape[1] > 1 or group % channel_block == 0 or channel_block % group == 0:
+        return group if weight.scales.shape[1] > 1 else channel_block
+    block = channel_block
+    while block > 16 and group % block:
+        block //= 2
+    if group % block:
+        raise ValueError(f"a row of {group} holds no whole block of 16 or more")
+    return block
+
+
+def widen(bits: int, allowed: tuple[int, ...]) -> int:
+    """The narrowest width in `allowed` that holds every `bits`-wide code exactly."""
+    return min(b for b in allowed if b >= bits)
+
+
+def nbits(weight: Weight, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(packed uint8 [n, blocks, block * bits / 8], scales float32 [n, blocks]): MatMulNBits' and
+    GatherBlockQuantized's layout (code + 2^(bits-1), lowest bits first, the row zero-padded to whole blocks) of
+    the checkpoint's codes at `bits` >= their own width; each block takes the scale of the group it lies in."""
+    codes, group = weight.codes, weight.group
+    n, k = codes.shape
+    if block % group and group % block:
+        raise ValueError(f"block {block} and the checkpoint's group {group} do not nest")
+    blocks = -(-k // block)
+    u = np.zeros((n, blocks * block), np.uint8)
+    u[:, :k] = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
+    u[:, k:] = 1 << (bits - 1)  # padding decodes to 0
+    u = u.reshape(n, blocks, block)
+    per = 8 // bits
+    packed = np.zeros((n, blocks, block // per), np.uint8)
+    for i in range(per):
+        packed |= u[..., i::per] << (bits * i)
+    starts = np.minimum(np.arange(blocks) * block // group, weight.scales.shape[1] - 1)
+    return packed, np.ascontiguousarray(weight.scales[:, starts], np.float32)
