@@ -136,6 +136,10 @@ def test_default_quant_adapts_and_checkpoint_on_a_float_target_is_refused(qat_pa
     assert ExportConfig(str(target), str(drafter), tmp_path / "a").quant == "checkpoint"
     float_target, float_drafter = tiny_checkpoints("e2b_text_kv_eq")
     assert ExportConfig(str(float_target), str(float_drafter), tmp_path / "b").quant == "fp32"
+    # LiteRT does not write a lattice yet: the default adapts (and says so), the explicit recipe is refused
+    assert ExportConfig(str(target), str(drafter), tmp_path / "d", backend="litert").quant == "mobile"
+    with pytest.raises(UsageError, match="--quant checkpoint is written by --backend onnx only"):
+        ExportConfig(str(target), str(drafter), tmp_path / "e", backend="litert", quant="checkpoint")
     with pytest.raises(UsageError, match="is a float checkpoint"):
         prepare(ExportConfig(str(float_target), str(float_drafter), tmp_path / "c", quant="checkpoint"))
 

@@ -223,6 +223,14 @@ def save_sharing_embedding(model, graph_path: Path, initializer: str) -> dict:
 
     folder = graph_path.parent
     tensor = next(t for t in model.graph.initializer if t.name == initializer)
+    where = {e.key: e.value for e in tensor.external_data}
+    if tensor.data_location == onnx.TensorProto.EXTERNAL and where.get("location") == EMBEDDINGS_FILE:
+        # a streamed graph whose table stays float (a checkpoint that keeps it float): already there, shared
+        drop_stale_data(model, graph_path)
+        onnx.save_model(model, str(graph_path))
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name
+        return {"file": EMBEDDINGS_FILE, "offset": int(where.get("offset", 0)), "shape": list(tensor.dims),
+                "dtype": dtype, "initializer": initializer}
     table = numpy_helper.to_array(tensor)
     raw = np.ascontiguousarray(table).tobytes()
     (folder / EMBEDDINGS_FILE).write_bytes(raw)
