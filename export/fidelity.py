@@ -4,7 +4,8 @@ Teacher-forced, per backend: the reference prompts followed by transformers' flo
 through the quantized target graphs in the mtpkit runtime; each continuation position's logits are compared with
 PyTorch's float logits (top-1 agreement, mean KL(float || quantized), max |logit difference|). Free-running: the mtpkit runtime
 on the quantized export decodes greedily (greedy prefix match with transformers) and speculatively (drafter
-acceptance), beside the same runtime figures of the float export measured before quantization.
+acceptance), beside the same runtime figures of the float export measured before quantization. An export whose KV
+capacity is smaller than a reference prompt and its continuation measures them cut to fit (fitted).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .recipes import recipe
 log = logging.getLogger("mtpkit")
 
 FIDELITY_FILE = "quant_fidelity.json"
+MIN_NEW = 8  # continuation ids kept beside a prompt cut to the KV capacity
 
 
 class QualityGateError(MtpkitError, ValueError):
@@ -41,7 +43,8 @@ def teacher_forced(export: Path | Manifest, target, reference: dict, backend: st
 
     engine = Engine(export, threads=1, backend=backend, options=LoadOptions(weight_cache=False))  # as runtime_figures
     agree, kls, max_abs, positions = [], [], 0.0, 0
-    for p in reference["prompts"]:
+    prompts, cut = fitted(reference, engine)
+    for p in prompts:
         prompt, cont = p["prompt_ids"], p["greedy_ids"][:-1]
         rows = [engine.target.forward(prompt, 0)[0][-1]]
         rows += [engine.target.forward([t], len(prompt) + i)[0][-1] for i, t in enumerate(cont)]
@@ -53,7 +56,29 @@ def teacher_forced(export: Path | Manifest, target, reference: dict, backend: st
         kls.append(_kl(want, got))
         max_abs, positions = max(max_abs, float(np.abs(got - want).max())), positions + len(got)
     return {"top1_agreement": float(np.concatenate(agree).mean()), "top1_stderr": _stderr([a.mean() for a in agree]),
-            "mean_kl": float(np.concatenate(kls).mean()), "max_abs_logit": max_abs, "positions": positions}
+            "mean_kl": float(np.concatenate(kls).mean()), "max_abs_logit": max_abs, "positions": positions,
+            "prompts_cut": cut}
+
+
+def fitted(reference: dict, engine) -> tuple[list[dict], int]:
+    """The reference prompts as the engine's KV capacity holds them, and how many were cut. A continuation longer
+    than the room its prompt leaves is cut to that room: still a prefix of transformers' greedy output. A prompt
+    that leaves less than MIN_NEW is cut to its first ids and the ids after them become its continuation, marked
+    "text": teacher-forced like any other, but not transformers' greedy output, so not greedily matched."""
+    room = engine.kv.capacity - engine.target.positions_needed(0, 0)  # ids one run may hold
+    new = max(1, min(MIN_NEW, room // 2))
+    prompts, cut = [], 0
+    for p in reference["prompts"]:
+        prompt, greedy = p["prompt_ids"], p["greedy_ids"]
+        if len(prompt) + len(greedy) <= room:
+            prompts.append(p)
+        elif len(prompt) + min(new, len(greedy)) <= room:
+            prompts.append({**p, "greedy_ids": greedy[:room - len(prompt)]})
+        else:
+            ids = (prompt + greedy)[:room]
+            prompts.append({**p, "prompt_ids": ids[:-new], "greedy_ids": ids[-new:], "text": True})
+        cut += prompts[-1] is not p
+    return prompts, cut
 
 
 def _stderr(per_prompt: list[float]) -> float:
@@ -80,20 +105,31 @@ def runtime_figures(export: Path | Manifest, reference: dict,
     asked = GenConfig(num_assistant_tokens=num_assistant_tokens, schedule="constant")
     num_assistant_tokens = int(engine.resolve(asked, adapt=True).num_assistant_tokens or 0)  # an int: constant
     prefix, diverged, drafted, accepted, new, calls = [], {}, 0, 0, 0, 0
-    for p in reference["prompts"]:
-        want, n = p["greedy_ids"], len(p["greedy_ids"])
-        plain = [t for t, _ in engine.generate(p["prompt_ids"], GenConfig(max_new_tokens=n, mtp=False))]
-        first = next((i for i, (a, b) in enumerate(zip(plain, want)) if a != b), min(len(plain), n))
-        prefix.append(first / n)
-        if first < n:
-            diverged[p["name"]] = first
+    prompts, cut = fitted(reference, engine)
+    for p in prompts:
+        n = len(p["greedy_ids"])
+        if not p.get("text"):  # a cut prompt's continuation is its text: no greedy output to match
+            first = _greedy_match(engine, p)
+            prefix.append(first / n)
+            if first < n:
+                diverged[p["name"]] = first
         stats = engine.run(p["prompt_ids"], GenConfig(max_new_tokens=n, num_assistant_tokens=num_assistant_tokens,
                                                       schedule="constant"))
         drafted, accepted, new, calls = (drafted + stats.drafted, accepted + stats.accepted,
                                          new + stats.new_tokens, calls + stats.target_calls)
-    return {"greedy_prefix_match": float(np.mean(prefix)), "greedy_exact_prompts": sum(x == 1.0 for x in prefix),
-            "prompts": len(prefix), "first_divergence": diverged, "acceptance": accepted / drafted if drafted else None,
+    return {"greedy_prefix_match": float(np.mean(prefix)) if prefix else None,
+            "greedy_exact_prompts": sum(x == 1.0 for x in prefix), "prompts": len(prefix), "prompts_cut": cut,
+            "first_divergence": diverged, "acceptance": accepted / drafted if drafted else None,
             "tokens_per_target_call": new / calls if calls else None, "schedule": "constant", "num_assistant_tokens": num_assistant_tokens}
+
+
+def _greedy_match(engine, p: dict) -> int:
+    """How many leading tokens of the runtime's plain greedy output equal transformers' greedy_ids."""
+    from mtpkit.runtime.engine import GenConfig
+
+    want = p["greedy_ids"]
+    plain = [t for t, _ in engine.generate(p["prompt_ids"], GenConfig(max_new_tokens=len(want), mtp=False))]
+    return next((i for i, (a, b) in enumerate(zip(plain, want)) if a != b), min(len(plain), len(want)))
 
 
 def check(manifest, target, float_figures: dict, gate: bool) -> dict:
@@ -114,6 +150,10 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
                    "calibration": ((manifest.backend(kind).options.quantization or {}).get("target")
                                    or {}).get("calibration")}
         figures["float_margin_at_divergence"] = _margins(target, reference, figures["runtime"]["first_divergence"])
+        cut = figures["runtime"].get("prompts_cut")
+        if cut:
+            log.info("  %s: %d of %d reference prompts cut to the KV capacity of %d (--max-cache-len)", kind, cut,
+                     len(reference["prompts"]), manifest.kv_cache.capacity)
         _log(kind, figures)
         failures += _gate_failure(kind, figures)
         report[kind] = figures
@@ -136,9 +176,10 @@ def _gate_failure(kind: str, figures: dict) -> list[str]:
 
 def _log(kind: str, figures: dict) -> None:
     tf, rt = figures["teacher_forced"], figures["runtime"]
+    prefix = rt["greedy_prefix_match"]  # None: every prompt was cut to its text, none matched greedily
     log.info("  %s: %s target / %s drafter: top-1 agreement %.3f, mean KL %.2e, max|dlogit| %.3f, greedy prefix "
-             "%.2f, acceptance %s (float %s)", kind, figures["target_recipe"], figures["drafter_recipe"],
-             tf["top1_agreement"], tf["mean_kl"], tf["max_abs_logit"], rt["greedy_prefix_match"],
+             "%s, acceptance %s (float %s)", kind, figures["target_recipe"], figures["drafter_recipe"],
+             tf["top1_agreement"], tf["mean_kl"], tf["max_abs_logit"], "-" if prefix is None else f"{prefix:.2f}",
              _pct(rt["acceptance"]), _pct(figures["float_runtime"]["acceptance"]))
 
 
