@@ -368,6 +368,32 @@ def test_readme_lines_are_at_most_160_characters(tmp_path):
     assert long_lines(wide) == [f"{wide}:2: 168 characters (at most 160)"]
 
 
+README_LINES = 220  # the product page stays one read: detail goes to a page under docs/, linked from it
+# words by which a page would narrate its own making instead of stating facts with their commands; "session" alone
+# is an ONNX Runtime or chat session
+NARRATION = re.compile(r"\b((this|that|another|last|previous|earlier|next) session|this round|last round|we tried)\b",
+                       re.IGNORECASE)
+
+
+def narration(path: Path) -> list[str]:
+    return [f"{_rel(path)}:{n}: {m.group(0)!r}" for n, line in enumerate(path.read_text().splitlines(), 1)
+            for m in NARRATION.finditer(line)]
+
+
+def test_readme_is_at_most_220_lines():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_LINES, f"README.md has {lines} lines (at most {README_LINES}): move detail into docs/"
+
+
+def test_no_page_narrates_its_own_making(tmp_path):
+    found = [hit for path in doc_files() for hit in narration(path)]
+    assert not found, "\n".join(found)
+    page = tmp_path / "page.md"
+    page.write_text("An ONNX Runtime session opens per graph; the chat session goes on.\n"
+                    "The other run this Session peaked at 2 GB; the last round's export took 1 h.\n")
+    assert narration(page) == [f"{page}:2: 'this Session'", f"{page}:2: 'last round'"]
+
+
 def test_the_docs_index_lists_every_page():
     assert not unindexed_pages(), f"docs/README.md does not link to: {unindexed_pages()}"
 

@@ -1,4 +1,4 @@
-"""A third backend, registered through exactly the three places the README's Layout names: its row in
+"""A third backend, registered through exactly the three places docs/design.md ("Adding a backend") names: its row in
 runtime/roles.py BACKENDS (with its options record), export/backends/<kind>/ and runtime/backends/<kind>.py (here
 injected as modules).
 
