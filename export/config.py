@@ -17,7 +17,6 @@ from . import recipes
 from .recipes import PLE_RECIPES, Recipe
 
 log = logging.getLogger("mtpkit")
-LATTICE_BACKENDS = ("onnx",)  # the backends that write --quant checkpoint (a pre-quantized checkpoint's lattice)
 AUTO = "auto"  # --quant's default: checkpoint for a pre-quantized target, else fp32 (resolved in _check_quant)
 
 BLOCK_SIZES = (32, 64, 128)
@@ -181,7 +180,7 @@ class ExportConfig:
 
     def _check_quant(self, backends) -> None:
         if self.quant == AUTO:
-            object.__setattr__(self, "quant", self._auto_quant(backends))
+            object.__setattr__(self, "quant", self._auto_quant())
         object.__setattr__(self, "quant", recipes.ALIASES.get(self.quant, self.quant))
         object.__setattr__(self, "drafter_quant", recipes.ALIASES.get(self.drafter_quant, self.drafter_quant))
         for flag, recipe in (("--quant", self.quant), ("--drafter-quant", self.drafter_quant)):
@@ -195,10 +194,6 @@ class ExportConfig:
         if self.ple_quant not in PLE_RECIPES:
             raise UsageError(f"unknown --ple-quant recipe {self.ple_quant!r}{_did_you_mean(self.ple_quant, PLE_RECIPES)}"
                              f"; choose from {', '.join(PLE_RECIPES)}")
-        unsupported = [b for b in backends if b not in LATTICE_BACKENDS]
-        if any(r.lattice for r in self.recipes.values()) and unsupported:
-            raise UsageError(f"--quant checkpoint is written by --backend {', '.join(LATTICE_BACKENDS)} only, not "
-                             f"{', '.join(unsupported)} yet; pass --backend onnx, or --quant mobile to re-quantize")
         if self.block_size not in BLOCK_SIZES:
             raise UsageError(f"--block-size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
         if self.accuracy_level not in range(5):
@@ -215,21 +210,15 @@ class ExportConfig:
                                  '{"text": ...} or {"ids": [...]} lines')
 
 
-    def _auto_quant(self, backends) -> str:
+    def _auto_quant(self) -> str:
         """--quant's default: a pre-quantized target keeps its lattice (checkpoint), and so does a pre-quantized
-        drafter under it; anything else is exported float (fp32). LiteRT does not write a lattice yet: there a
-        pre-quantized target takes mobile, with a warning."""
+        drafter under it; anything else is exported float (fp32)."""
         from .lattice import detect_folder
 
         found = detect_folder(self.target) if self.target else None
         if found is None:
             return "fp32"
-        if any(b not in LATTICE_BACKENDS for b in backends):
-            log.warning("  --quant mobile: the target is a pre-quantized (%s) checkpoint, but --backend %s does not "
-                        "write a checkpoint's own lattice yet (--backend onnx does); its dequantized weights are "
-                        "re-quantized, which loses what quantization-aware training fitted", found, ",".join(backends))
-            return "mobile"
-        if self.drafter_quant is None and self.drafter and detect_folder(self.drafter):
+        if self.drafter_quant is None and self.drafter and detect_folder(self.drafter, weights=True):
             object.__setattr__(self, "drafter_quant", "checkpoint")
         log.info("  --quant checkpoint: the target is a pre-quantized (%s) checkpoint; its codes and scales are "
                  "written as they are", found)

@@ -134,20 +134,24 @@ def derive_quantized(float_dir: Path, exports: Path, pair: tuple[str, str], bloc
 
 def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] | None, ple_bits: int,
            low_bit: tuple[str, ...] = ()) -> dict:
-    from . import calibration
+    from . import calibration, lattice
     from .checkpoint import resolve
     from .models import drafter_adapter, target_adapter
     from .pipeline import _encoder
 
-    if not any(r.int4 for r in recipes.values()):
+    if not any(r.int4 or r.lattice for r in recipes.values()):
         return {}
     if checkpoints is None:  # the folders the float export read its weights from
         checkpoints = (manifest.source["target"]["folder"], manifest.source["drafter"]["folder"])
     sources = {"target": resolve(checkpoints[0], "target"), "drafter": resolve(checkpoints[1], "drafter")}
     adapters = {"target": target_adapter(sources["target"]), "drafter": drafter_adapter(sources["drafter"])}
     target = adapters["target"].load(sources["target"]) if recipes["target"].calibrated else None
-    return calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens.bos, ple_bits=ple_bits,
-                             low_bit=low_bit)
+    plans = calibration.plans(recipes, target, adapters, _encoder(folder), manifest.tokens.bos, ple_bits=ple_bits,
+                              low_bit=low_bit)
+    if any(r.lattice for r in recipes.values()):  # --quant checkpoint: the checkpoints' own lattices
+        models = {side: adapters[side].load(sources[side]) for side, r in recipes.items() if r.lattice}
+        plans.update(lattice.plans({s: r for s, r in recipes.items() if r.lattice}, models))
+    return plans
 
 
 def _calibration(folders: dict) -> dict | None:

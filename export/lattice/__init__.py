@@ -81,14 +81,14 @@ class Lattice:
         return f"{self.format} lattice: " + ", ".join(parts or ["no quantized weights"])
 
 
-_PREFIX = re.compile(r"^(?:w:|model\.|language_model\.)+")
+_PREFIX = re.compile(r"^(?:w:|drafter\.|model\.|language_model\.)+")
 _SUFFIX = re.compile(r"(?:\.weight|\.T|\.embedding_quantized|\.weight_packed)+$")
 
 
 def key(name: str) -> str:
     """A weight's key, the same for checkpoint keys ("model.language_model.layers.3.mlp.up_proj.weight"), module
     names ("model.layers.3.mlp.up_proj"), ONNX initializers ("model.model.layers.3.mlp.up_proj.weight.T") and
-    LiteRT tensors ("w:model.model.language_model.layers.3.mlp.up_proj.weight")."""
+    LiteRT tensors ("w:model.model.language_model.layers.3.mlp.up_proj.weight", "w:drafter.model.layers.0...")."""
     return _SUFFIX.sub("", _PREFIX.sub("", name))
 
 

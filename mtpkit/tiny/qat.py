@@ -80,9 +80,10 @@ def _activation_scales(folder: Path, state: dict, seed: int) -> dict[str, tuple[
     return {n: (a / 127, b / 127) for n, (a, b) in seen.items()}
 
 
-def write(source: Path, out: Path, fmt: str, seed: int = 0, off_lattice_blocks: int = 0) -> Path:
+def write(source: Path, out: Path, fmt: str, seed: int = 0, off_lattice_blocks: int = 0, srq: bool = True) -> Path:
     """Copy the float checkpoint `source` to `out` as a QAT checkpoint in `fmt` (FORMATS). off_lattice_blocks
-    (q4_0): that many blocks of the first MLP weight are left off the lattice, as a checkpoint may hold."""
+    (q4_0): that many blocks of the first MLP weight are left off the lattice, as a checkpoint may hold. srq: static
+    activation scales (gemma, compressed-tensors); without them every scale is 0 ("none"), a weight-only lattice."""
     from safetensors.torch import load_file, save_file
 
     if fmt not in FORMATS:
@@ -106,8 +107,8 @@ def write(source: Path, out: Path, fmt: str, seed: int = 0, off_lattice_blocks: 
             snapped[name] = (codes.float() * scale.repeat_interleave(w.shape[1] // scale.shape[1], 1)).to(w.dtype)
         else:
             snapped[name] = w
-    srq = _activation_scales(source, snapped, seed)
-    tensors, qc = (_gemma if fmt == "gemma" else _compressed)(state, lattice, srq, widths)
+    scales = _activation_scales(source, snapped, seed) if srq else {}
+    tensors, qc = (_gemma if fmt == "gemma" else _compressed)(state, lattice, scales, widths)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config["quantization_config"] = qc
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -183,15 +184,16 @@ def _q4_0(state: dict, off_lattice_blocks: int) -> dict:
     return out
 
 
-def write_pair(source_target: Path, source_drafter: Path, out: Path, fmt: str) -> tuple[Path, Path]:
-    """A QAT pair in `fmt`: the target (and, for q4_0, the assistant too, as Google ships both) snapped; a float
-    drafter copied beside the others."""
-    target = write(source_target, out / "target", fmt, off_lattice_blocks=3 if fmt == "q4_0" else 0)
-    if fmt == "q4_0":
-        drafter = write(source_drafter, out / "drafter", fmt)
+def write_pair(source_target: Path, source_drafter: Path, out: Path, fmt: str,
+               drafter_fmt: str | None = None, srq: bool = True) -> tuple[Path, Path]:
+    """A QAT pair: the target in `fmt`, the drafter in `drafter_fmt` (default: q4_0 beside a q4_0 target, as Google
+    ships its QAT assistants only on that lattice; else a float copy), next to each other under `out`."""
+    target = write(source_target, out / "target", fmt, off_lattice_blocks=3 if fmt == "q4_0" else 0, srq=srq)
+    drafter_fmt = drafter_fmt or ("q4_0" if fmt == "q4_0" else None)
+    if drafter_fmt:
+        drafter = write(source_drafter, out / "drafter", drafter_fmt)
     else:
         drafter = out / "drafter"
         shutil.rmtree(drafter, ignore_errors=True)
         shutil.copytree(source_drafter, drafter)
     return target, drafter
-

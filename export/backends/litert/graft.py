@@ -32,7 +32,9 @@ _ALIGN = 64
 SLACK = 4096  # room after the first packing of the flatbuffer: packed again with the int8 scales, it must not grow
 # int8 weights' QuantizationParameters, per row at each place (subgraph) reading the weight: kept in the flatbuffer
 INT8_SCALE, INT8_ZERO_POINT = np.dtype(np.float32), np.dtype(np.int64)
-PER_CHANNEL = ("int8", "int2")  # encodings whose scales are QuantizationParameters (per row, at each place)
+# encodings whose scales are QuantizationParameters (per row, at each place); int4c: int4 with one float32 scale per
+# row, how a checkpoint's own per-channel int4 scales stay exact (int4's blockwise scales are float16)
+PER_CHANNEL = ("int8", "int2", "int4c")
 _ROWS_BYTES = 16 << 20  # rows read and encoded per step: each encoding holds a few temporaries of this size
 
 
@@ -119,10 +121,13 @@ class Encoding:
     # GPTQ)
     searched: bool = False
     importance: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    # --quant checkpoint: the checkpoint's own codes and scales (export/lattice.Weight), written instead of encoding
+    lattice: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def data_bytes(self, shape) -> int:
         n = int(np.prod(shape))
-        return {"float32": 4 * n, "float16": 2 * n, "int8": n, "int4": (n + 1) // 2, "int2": (n + 3) // 4}[self.kind]
+        return {"float32": 4 * n, "float16": 2 * n, "int8": n, "int4": (n + 1) // 2, "int4c": (n + 1) // 2,
+                "int2": (n + 3) // 4}[self.kind]
 
     def scale_bytes(self, shape) -> int:
         return 2 * shape[0] * (shape[1] // self.block) if self.kind == "int4" else 0
@@ -131,8 +136,11 @@ class Encoding:
         """Flatbuffer bytes at each place reading the weight: int8's / int2's per-row scale and zero point."""
         return shape[0] * (INT8_SCALE.itemsize + INT8_ZERO_POINT.itemsize) if self.kind in PER_CHANNEL else 0
 
-    def encode(self, rows: np.ndarray) -> tuple[bytes, np.ndarray | None]:
-        """(data, per-row scales) of a block of rows; rows are independent in every encoding."""
+    def encode(self, rows: np.ndarray, start: int = 0) -> tuple[bytes, np.ndarray | None]:
+        """(data, per-row scales) of a block of rows, the first being row `start`; rows are independent in every
+        encoding."""
+        if self.lattice is not None:
+            return self._lattice(start, len(rows))
         if self.kind == "float32":
             return np.ascontiguousarray(rows, np.float32).tobytes(), None
         if self.kind == "float16":
@@ -153,6 +161,43 @@ class Encoding:
             q = np.append(q, np.int8(0))
         packed = (q[0::2] & 0x0F) | ((q[1::2] & 0x0F) << 4)  # two values per byte, the first in the low nibble
         return packed.astype(np.uint8).tobytes(), scale
+
+
+    def _lattice(self, start: int, count: int) -> tuple[bytes, np.ndarray]:
+        """The checkpoint's codes of rows start.. as this kind stores them, and their scales (per row, or per block:
+        float16 for blockwise int4, exact only where the checkpoint's scales are)."""
+        codes = self.lattice.codes[start:start + count]
+        scales = self.lattice.scales[start:start + count]
+        per_row = scales[:, 0].astype(np.float32)
+        if self.kind == "int8":
+            return codes.astype(np.int8).tobytes(), per_row
+        q = codes.reshape(-1).astype(np.int8)
+        if self.kind == "int2":
+            q = q.reshape(-1, 4) & 0x03
+            return (q[:, 0] | q[:, 1] << 2 | q[:, 2] << 4 | q[:, 3] << 6).astype(np.uint8).tobytes(), per_row
+        if q.size % 2:
+            q = np.append(q, np.int8(0))
+        packed = ((q[0::2] & 0x0F) | ((q[1::2] & 0x0F) << 4)).astype(np.uint8).tobytes()
+        if self.kind == "int4c":
+            return packed, per_row
+        return packed, np.repeat(scales, self.lattice.group // self.block, axis=1)
+
+
+def lattice_encoding(weight, shape: tuple, uses: set, lookup: tuple) -> "Encoding":
+    """--quant checkpoint: a weight's encoding that writes the checkpoint's codes exactly (export/lattice): per row
+    int8 / int2 / int4c with float32 scales, groups as int4 blocks (their float16 scales); a table read by lookups
+    (EMBEDDING_LOOKUP takes no per-channel 2- or 4-bit table) at int8, which holds the codes exactly; a weight the
+    checkpoint keeps float stays float32."""
+    if weight is None:
+        return Encoding("float32")
+    per_row = weight.scales.shape[1] == 1
+    if weight.bits == 8 or uses & {lookup} and per_row:
+        return Encoding("int8", lattice=weight)
+    if not per_row:
+        return Encoding("int4", weight.group, lattice=weight)
+    if weight.bits == 2 and shape[1] % 4 == 0:
+        return Encoding("int2", lattice=weight)
+    return Encoding("int4c", lattice=weight)
 
 
 def channel_block(width: int) -> int | None:
@@ -273,7 +318,8 @@ def _place(model, name, places, shape, enc: Encoding) -> dict:
     scales = _new_buffer(model) if enc.kind == "int4" else None
     quants = []
     types = {"float32": schema.TensorType.FLOAT32, "float16": schema.TensorType.FLOAT16,
-             "int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4, "int2": schema.TensorType.INT2}
+             "int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4, "int4c": schema.TensorType.INT4,
+             "int2": schema.TensorType.INT2}
     for g, t in places:
         sg = model.subgraphs[g]
         tensor = sg.tensors[t]
@@ -393,7 +439,7 @@ def _write_weight(f, model, p: dict, source) -> str:
     for start in range(0, rows, step):
         block = source.rows(p["name"], start, min(rows, start + step)).reshape(-1, *shape[1:]) if shape else \
             source.rows(p["name"], 0, 1)
-        data, scale = enc.encode(block if enc.kind in ("float32", "float16") else block.reshape(len(block), -1))
+        data, scale = enc.encode(block if enc.kind in ("float32", "float16") else block.reshape(len(block), -1), start)
         f.write(data)
         if scale is not None:
             scales.append(scale)
@@ -403,6 +449,8 @@ def _write_weight(f, model, p: dict, source) -> str:
     if enc.kind == "int4":
         f.seek(model.buffers[p["scales"]].offset)
         f.write(np.concatenate(scales).astype(np.float16).tobytes())
+    if enc.lattice is not None:
+        return enc.lattice.label()
     if enc.kind == "int2":
         return int4.label(2, shape[1], enc.importance)
     return int4.label(4, enc.block, enc.importance) if enc.kind == "int4" else enc.kind

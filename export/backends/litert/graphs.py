@@ -17,7 +17,7 @@ from . import graft
 from .describe import describe
 from .drafter import export_drafter
 from .patches import import_export_hf, litert_workarounds
-from .sources import SafetensorsSource, checkpoint_resolver
+from .sources import LatticeSource, SafetensorsSource, checkpoint_resolver
 
 log = logging.getLogger("mtpkit")
 
@@ -72,8 +72,26 @@ def _grafted_after_packaging(weights: graft.WeightInputs, source):
         yield
 
 
+@contextlib.contextmanager
+def _static_rounding(lattice):
+    """export_hf builds its own model from the config: the linear layers with static activation scales round their
+    input and output as the loaded model's do (export/lattice/srq.py), applied to each module it converts."""
+    from litert_torch._convert import interface
+
+    from ...lattice import srq
+
+    real = interface.Converter.add_signature
+
+    def add_signature(converter, name, module, *args, **kwargs):
+        srq.apply(module, lattice)
+        return real(converter, name, module, *args, **kwargs)
+
+    with patched(interface.Converter, "add_signature", add_signature):
+        yield
+
+
 def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path: Path, *, prefill_len: int,
-                  cache_len: int, max_draft: int) -> None:
+                  cache_len: int, max_draft: int, lattice=None) -> None:
     """export_hf (float, external embedder, verify T=max_draft+1) into `work`, bundling the drafter.
 
     The model is built on the meta device and every weight is a signature input while converting; the weights
@@ -84,6 +102,8 @@ def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path:
 
     hf = import_export_hf()
     source = SafetensorsSource(weights_dir)
+    if lattice is not None:  # a pre-quantized checkpoint: its packed tensors read as the lattice's values
+        source = LatticeSource(source, lattice)
     resolve = checkpoint_resolver(source.where)
     source.resolve = resolve
 
@@ -94,8 +114,9 @@ def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path:
             return False
 
     weights = graft.WeightInputs(buffer_kept=kept)
-    with _bundle_with_drafter(drafter_path), weights.converting(), _grafted_after_packaging(weights, source), \
-            weights_loader.init_params_on_meta():
+    rounding = _static_rounding(lattice) if lattice is not None and lattice.activations else contextlib.nullcontext()
+    with _bundle_with_drafter(drafter_path), rounding, weights.converting(), \
+            _grafted_after_packaging(weights, source), weights_loader.init_params_on_meta():
         hf.export.export(model=str(checkpoint), output_dir=str(work), keep_temporary_files=True,
                          prefill_lengths=[prefill_len], cache_length=cache_len, quantization_recipe="none",
                          externalize_embedder=True, assistant_model="mtpkit-drafter",
@@ -170,7 +191,7 @@ def export_litert(target_dir: Path, drafter_model, target_model, out_dir: Path, 
             checkpoint = target_adapter.export_hf_checkpoint(target_dir, scratch / "checkpoint")
             work = scratch / "export_hf"
             export_target(checkpoint, target_dir, work, out_dir / "drafter.tflite", prefill_len=prefill_len,
-                          cache_len=cache_len, max_draft=max_draft)
+                          cache_len=cache_len, max_draft=max_draft, lattice=getattr(target_model, "lattice", None))
         for src, dst in (("model.tflite", "target.tflite"), ("embedder.tflite", "embedder.tflite"),
                          ("per_layer_embedder.tflite", "per_layer_embedder.tflite"),
                          ("model.litertlm", "model.litertlm")):

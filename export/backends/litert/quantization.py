@@ -108,7 +108,7 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
     how = {"weights": dict(sorted(counts.items())), "block_size": block_size}
     if tables:
         how["tables"] = {k.removeprefix("w:"): done[k] for k in sorted(tables)}
-    if plan is not None and recipe.int4:
+    if plan is not None and (recipe.int4 or recipe.lattice):
         how.update(tensors={k.removeprefix("w:"): v for k, v in sorted(done.items())},
                    calibration=dict(plan.calibration) or None)
     return recipe.name, how
@@ -145,11 +145,13 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
     keeps at 8 bits, each weight's calibration importance for the scale search, and what --max-size lowered to 2
     bits: FULLY_CONNECTED weights only, one float32 scale per row (XNNPACK runs no 2-bit blocks). A channelwise
     recipe (mobile) gives every 4-bit weight and table one scale per row (channel_block)."""
-    from .graft import Encoding, channel_block, int4_block
+    from .graft import Encoding, channel_block, int4_block, lattice_encoding
 
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
         if len(shape) != 2 or not uses or not uses <= WEIGHT_OPS or not recipe.quantized:
             return Encoding("float32")
+        if plan is not None and plan.lattice is not None:
+            return lattice_encoding(plan.lattice.weight(name), shape, uses, LOOKUP)
         if recipe.litert == "fp16":
             return Encoding("float16")
         bits = 8 if recipe.litert == "int8" else 4

@@ -108,3 +108,38 @@ def checkpoint_resolver(keys) -> Callable[[str], str]:
         raise KeyError(f"no checkpoint tensor for {name!r}")
 
     return resolve
+
+
+_FLOATS = ("F32", "F16", "BF16", "F64")
+
+
+class LatticeSource:
+    """A pre-quantized checkpoint's weights as float32 rows: where the checkpoint holds packed codes (not floats)
+    or only a quantized table, the lattice's dequantized values (export/lattice), under the key "<key>.weight";
+    everything else the checkpoint's own floats."""
+
+    def __init__(self, inner: SafetensorsSource, lattice):
+        from ...lattice import key
+
+        self.inner, self.lattice = inner, lattice
+        floats = {key(k) for k, (_, dtype, _, _) in inner.where.items() if dtype in _FLOATS}
+        self.where: dict[str, tuple | None] = {k: v for k, v in inner.where.items()
+                                              if v[1] in _FLOATS or key(k) not in lattice.weights}
+        self.where.update({k + ".weight": None for k in lattice.weights if k not in floats})
+        self.resolve: Callable[[str], str] = lambda name: name
+        inner.resolve = lambda name: name  # given resolved keys
+
+    def shape(self, name: str) -> tuple:
+        k = self.resolve(name)
+        return tuple(self._weight(k).codes.shape) if self.where[k] is None else self.inner.shape(k)
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        k = self.resolve(name)
+        if self.where[k] is not None:
+            return self.inner.rows(k, start, stop)
+        w = self._weight(k)
+        codes = w.codes[start:stop].reshape(stop - start, -1, w.group).astype(np.float32)
+        return (codes * w.scales[start:stop, :, None]).reshape(stop - start, -1)
+
+    def _weight(self, k: str):
+        return self.lattice.weights[k.removesuffix(".weight")]

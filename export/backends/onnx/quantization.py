@@ -55,12 +55,14 @@ def quantize(folder: Path, backend: Backend, recipes: dict[str, Recipe], block_s
         plan = (plans or {}).get(name)
         int4.require_plan(recipe, plan, name)
         block = CHANNELWISE_ONNX_BLOCK if recipe.channelwise else block_size
-        model, tensors = _weights_quantized(path, recipe, block, accuracy_level, skip=shared_name, plan=plan)
+        # a checkpoint's lattice is computed in fp32: int8 compute (level 4) would re-round the activations its
+        # static scales already rounded, and the graphs would no longer compute what transformers does
+        level = 0 if recipe.lattice else accuracy_level
+        model, tensors = _weights_quantized(path, recipe, block, level, skip=shared_name, plan=plan)
         streamed = recipe.onnx == "streamed"  # its weights stay in <graph>.onnx.data: tables go there too
         tables = dict(base_dir=str(folder), data_file=path.name + ".data" if streamed else None)
         model, layout, ple, drafted = _quantize_tables(model, name, recipe, shared_name, plan, ple_bits,
-                                                       block_size=block, accuracy_level=accuracy_level,
-                                                       **tables)
+                                                       block_size=block, accuracy_level=level, **tables)
         if layout:
             tensors[shared_name] = f"int{layout['bits']}/b{block}"
         tensors.update(drafted)
