@@ -187,6 +187,8 @@ class ExportConfig:
             if recipe is not None and recipe not in recipes.RECIPES:
                 raise UsageError(f"unknown {flag} recipe {recipe!r}{_did_you_mean(recipe, recipes.names())}; "
                                  f"choose from {', '.join(recipes.names())}")
+        if self.drafter_quant is None and recipes.recipe(self.quant).lattice and self._drafter_prequantized():
+            object.__setattr__(self, "drafter_quant", self.quant)  # a QAT drafter beside a QAT target keeps its own
         if self.drafter_quant is None:
             object.__setattr__(self, "drafter_quant", recipes.drafter_default(recipes.recipe(self.quant)))
         if self.ple_quant is None:
@@ -210,16 +212,19 @@ class ExportConfig:
                                  '{"text": ...} or {"ids": [...]} lines')
 
 
+    def _drafter_prequantized(self) -> bool:
+        from .lattice import detect_folder
+
+        return bool(self.drafter) and detect_folder(self.drafter, weights=True) is not None
+
     def _auto_quant(self) -> str:
-        """--quant's default: a pre-quantized target keeps its lattice (checkpoint), and so does a pre-quantized
-        drafter under it; anything else is exported float (fp32)."""
+        """--quant's default: a pre-quantized target (its config says so) keeps its lattice (checkpoint); anything
+        else is exported float (fp32). A Q4_0 lattice lies in the weights alone: --quant checkpoint asks for it."""
         from .lattice import detect_folder
 
         found = detect_folder(self.target) if self.target else None
         if found is None:
             return "fp32"
-        if self.drafter_quant is None and self.drafter and detect_folder(self.drafter, weights=True):
-            object.__setattr__(self, "drafter_quant", "checkpoint")
         log.info("  --quant checkpoint: the target is a pre-quantized (%s) checkpoint; its codes and scales are "
                  "written as they are", found)
         return "checkpoint"

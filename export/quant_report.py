@@ -85,7 +85,8 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
         shutil.rmtree(out)
     exports = out / "exports"
     float_dir = export_model(ExportConfig(target=target, drafter=drafter, out=exports / "fp32-fp32",
-                                          backend=",".join(backends), max_cache_len=max_cache_len))
+                                          backend=",".join(backends), max_cache_len=max_cache_len,
+                                          quant="fp32", drafter_quant="fp32"))  # the baseline, even of a QAT pair
     # the float pair is always measured: it is the baseline every ratio is taken against
     baseline = (FP32.name, FP32.name)
     pairs = [baseline] + [p for p in itertools.product(recipes, drafter_recipes) if p != baseline]

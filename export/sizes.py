@@ -175,7 +175,7 @@ def backend_plans(cfg, sources: tuple, adapters: tuple, configs: tuple, low_bit:
                   weights: dict | None = None) -> dict[str, BackendPlan]:
     """Each backend's BackendPlan with `low_bit` lowered on the target; weights: kind -> read_weights (read here
     when not given)."""
-    plans = int4_plans(cfg, adapters, low_bit)
+    plans = int4_plans(cfg, adapters, low_bit, sources)
     layers = adapters[0].kv_layers(configs[0])
     backends = {}
     for kind in cfg.backend:
@@ -237,11 +237,14 @@ def _fit_line(cfg, low_bit: tuple[str, ...], backends: dict[str, BackendPlan]) -
 
 def read_weights(sources: tuple, adapters: tuple, configs: tuple, backend: str) -> tuple[Weight, ...]:
     """Every checkpoint tensor the export loads (the target's under its adapter's weight_prefix, as
-    preflight.read_weights counts them) with its copies in `backend`'s graphs; tensors no graph holds are left out."""
+    preflight.read_weights counts them) with its copies in `backend`'s graphs; tensors no graph holds are left out.
+    A pre-quantized checkpoint's packed tensors count as the weights they hold (export/lattice/planned.py)."""
+    from .lattice import planned
+
     out = []
     for side, src, adapter, config in zip(("target", "drafter"), sources, adapters, configs):
         prefix = adapter.weight_prefix(src) if side == "target" else ""
-        for key, header in tensor_headers(src.folder).items():
+        for key, header in planned.headers(src.config, tensor_headers(src.folder))[0].items():
             if not key.startswith(prefix):
                 continue
             name, shape = key[len(prefix):], tuple(header["shape"])
@@ -252,12 +255,19 @@ def read_weights(sources: tuple, adapters: tuple, configs: tuple, backend: str) 
     return tuple(out)
 
 
-def int4_plans(cfg, adapters: tuple, low_bit: tuple[str, ...] = ()) -> dict:
+def int4_plans(cfg, adapters: tuple, low_bit: tuple[str, ...] = (), sources: tuple = ()) -> dict:
     """Each int4 side's plan as far as names decide it: which weights keep 8 bits and which --max-size lowered
-    (calibration only picks scales)."""
-    return {side: int4.plan(recipe, calibration.kept_8bit(adapter, cfg.ple_bits, recipe),
-                            low_bit=low_bit if side == "target" else ())
-            for (side, recipe), adapter in zip(cfg.recipes.items(), adapters) if recipe.int4}
+    (calibration only picks scales); a checkpoint side's lattice as far as its headers tell it."""
+    from .lattice import planned
+
+    plans = {side: int4.plan(recipe, calibration.kept_8bit(adapter, cfg.ple_bits, recipe),
+                             low_bit=low_bit if side == "target" else ())
+             for (side, recipe), adapter in zip(cfg.recipes.items(), adapters) if recipe.int4}
+    for (side, recipe), src in zip(cfg.recipes.items(), sources):
+        if recipe.lattice:  # a lattice the config does not name is a Q4_0 one (check_recipes saw it)
+            found = planned.headers(src.config, tensor_headers(src.folder))[1]
+            plans[side] = int4.Int4Plan(recipe, lattice=found or planned.q4_0(tensor_headers(src.folder)))
+    return plans
 
 
 def kv_bytes(layers, capacity: int, window: int | None = None) -> int:

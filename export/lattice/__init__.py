@@ -39,6 +39,11 @@ class Weight:
         """Input channels per scale (the row's width: per channel)."""
         return self.codes.shape[1] // self.scales.shape[1]
 
+    @property
+    def groups(self) -> int:
+        """Scales per row (1: per channel)."""
+        return self.scales.shape[1]
+
     def dequantized(self) -> np.ndarray:
         """float32 [out, in], as transformers computes it (int x float32 scale)."""
         n, k = self.codes.shape
@@ -198,10 +203,12 @@ def check_recipes(recipes: Mapping, folders: Mapping) -> None:
         if recipe.lattice and found is None:
             raise UsageError(f"{flag} checkpoint writes a pre-quantized checkpoint's own lattice, but the {side} "
                              f"{folders[side]} is a float checkpoint; choose another {flag} (mobile: the smallest)")
-        if found and not recipe.lattice:
+        if found and not recipe.lattice and recipe.quantized:
             log.warning("%s %s re-quantizes the %s's dequantized %s weights: the lattice its quantization-aware "
-                        "training fitted is lost%s; %s checkpoint keeps it", flag, recipe.name, side, found,
-                        "" if recipe.quantized else " (fp32 stores them as floats, at 8x the bytes)", flag)
+                        "training fitted is lost; %s checkpoint keeps it", flag, recipe.name, side, found, flag)
+        elif found and not recipe.lattice:
+            log.info("  %s %s stores the %s's dequantized %s weights as floats; %s checkpoint keeps its lattice",
+                     flag, recipe.name, side, found, flag)
 
 
 def plans(recipes: Mapping, models: Mapping) -> dict:

@@ -15,8 +15,8 @@ def onnx_block(weight: Weight, channel_block: int) -> int:
     checkpoint has groups; per channel, ONNX Runtime's largest block `channel_block` with the channel's scale
     repeated in each, or the largest power of two dividing the row where that does not nest with it."""
     group = weight.group
-    if weight.scales.shape[1] > 1 or group % channel_block == 0 or channel_block % group == 0:
-        return group if weight.scales.shape[1] > 1 else channel_block
+    if weight.groups > 1 or group % channel_block == 0 or channel_block % group == 0:
+        return group if weight.groups > 1 else channel_block
     block = channel_block
     while block > 16 and group % block:
         block //= 2

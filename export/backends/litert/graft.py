@@ -190,7 +190,7 @@ def lattice_encoding(weight, shape: tuple, uses: set, lookup: tuple) -> "Encodin
     checkpoint keeps float stays float32."""
     if weight is None:
         return Encoding("float32")
-    per_row = weight.scales.shape[1] == 1
+    per_row = weight.groups == 1
     if weight.bits == 8 or uses & {lookup} and per_row:
         return Encoding("int8", lattice=weight)
     if not per_row:

@@ -1,0 +1,78 @@
+"""The QAT row of the quant report: the trained tiny pair snapped to Google's mobile widths in the `gemma` layout
+(its drafter on a Q4_0 lattice), with and without static activation scales, exported with `--quant checkpoint` and
+measured by `mtpkit quant-report` against transformers on the same QAT checkpoint over the held-out windows; and
+the QAT model itself against the float pair (PyTorch, teacher-forced on the same windows). Not in CI.
+
+    .venv/bin/python tools/qat_report.py OUT [--windows 64] [--backend onnx,litert]
+
+Writes OUT/<variant>/report.md (quant-report's table), OUT/summary.json and OUT/summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "mtpkit" / "tiny" / "assets" / "tiny_pair"
+VARIANTS = {"weights": False, "static-activations": True}  # name -> static activation scales written
+
+
+def vs_float(qat_target: Path, texts: list[str], prompt_len: int = 32, text_len: int = 128) -> dict:
+    """Teacher-forced top-1 agreement of the QAT target with the float target over each window's text after its
+    first prompt_len tokens (both as the exporter loads them: the QAT one computes what transformers does on it)."""
+    from tokenizers import Tokenizer
+
+    from mtpkit.export.checkpoint import resolve
+    from mtpkit.export.models import gemma4_text
+
+    tok = Tokenizer.from_file(str(SHIPPED / "target" / "tokenizer.json"))
+    qat = gemma4_text.load(resolve(str(qat_target), "target"))
+    ref = gemma4_text.load(resolve(str(SHIPPED / "target"), "target"))
+    bos = json.loads((SHIPPED / "target" / "config.json").read_text()).get("bos_token_id", 2)
+    agree = total = 0
+    with torch.no_grad():
+        for text in texts:
+            ids = [bos, *tok.encode(text, add_special_tokens=False).ids[:prompt_len + text_len]]
+            x = torch.tensor([ids])
+            a, b = qat(x).logits[0, prompt_len:].argmax(-1), ref(x).logits[0, prompt_len:].argmax(-1)
+            agree, total = agree + int((a == b).sum()), total + len(a)
+    return {"top1_vs_float_pair": agree / total, "positions": total}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--windows", type=int, default=64)
+    p.add_argument("--backend", default="onnx,litert")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "tools"))
+    from heldout_text import windows
+
+    from mtpkit.export.quant_report import quant_report
+    from mtpkit.tiny.qat import write_pair
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    texts = windows(args.windows)
+    heldout = args.out / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    summary = {}
+    for name, srq in VARIANTS.items():
+        target, drafter = write_pair(SHIPPED / "target", SHIPPED / "drafter", args.out / name / "pair", "gemma",
+                                     drafter_fmt="q4_0", srq=srq)
+        report = quant_report(str(target), str(drafter), args.out / name / "report", ["checkpoint"], ["checkpoint"],
+                              backends=tuple(args.backend.split(",")), max_cache_len=256, repeats=1, heldout=heldout)
+        keys = ("backend", "target_recipe", "drafter_recipe", "teacher_forced", "heldout")
+        rows = [{k: r[k] for k in keys if k in r} for r in report["rows"]]
+        summary[name] = {"rows": rows, **vs_float(target, texts)}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
