@@ -41,5 +41,7 @@ def looks_q4_0(tensor) -> bool:
     w = np.asarray(tensor.float().numpy() if hasattr(tensor, "float") else tensor, np.float32)
     if w.ndim != 2 or w.shape[1] % q4_0.BLOCK:
         return False
-    _, _, on = q4_0.blocks_on_lattice(w[: min(len(w), 64)])
-    return bool(on.mean() >= 0.9)
+    sample = w[: min(len(w), 64)]
+    _, _, on = q4_0.blocks_on_lattice(sample)
+    filled = sample.reshape(len(sample), -1, q4_0.BLOCK).any(axis=2)  # an all-zero block lies on every lattice
+    return bool(filled.any() and on[filled].mean() >= 0.9)
