@@ -8,11 +8,12 @@ export_pair(). Programs that only run exports never import torch.
 from __future__ import annotations
 
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Generator, Iterator
 
 if TYPE_CHECKING:
+    from mtpkit.runtime.channels import Piece
     from mtpkit.runtime.conversation import Conversation as ConversationState
     from mtpkit.runtime.engine import Engine, GenConfig
     from mtpkit.runtime.stats import Stats
@@ -88,6 +89,10 @@ class Generation:
     token_ids: tuple[int, ...]  # output ids as produced, ending with the EOS id when generation stopped there
     prompt_ids: tuple[int, ...]
     stats: dict  # Stats.summary(): acceptance (overall, by position), calls, TTFT, latencies, tokens/s
+    # chat answers only (runtime/channels.py): what the model wrote in its thought channel, apart from text
+    thought: str = ""
+    tool_calls: list[dict] = field(default_factory=list)  # [{"name", "arguments": the parsed arguments}, ...]
+    tool_call_error: str | None = None  # why a call did not parse; the call is then in text as written
 
 
 class Model:
@@ -100,6 +105,7 @@ class Model:
     def __init__(self, engine: Engine):
         self.engine = engine  # manifest, sessions, KV cache and codec (mtpkit.runtime.engine.Engine)
         self.last_stats: dict | None = None  # Stats.summary() of the latest run, also one stopped early
+        self.last_generation: Generation | None = None  # the latest chat answer, also a streamed one
 
     def generate(self, prompt: str, *, chat: bool = False, **options) -> Generation:
         """Generate a continuation of `prompt`; chat=True wraps it as one user turn in the chat template."""
@@ -117,24 +123,34 @@ class Model:
         self.engine.check_request(prompt_ids, cfg)  # now, not at the first next()
         return self._deltas(self._run(prompt_ids, cfg))
 
-    def chat(self, messages: list[dict], **options) -> Generation:
+    def chat(self, messages: list[dict], *, tools: list[dict] | None = None, enable_thinking: bool | None = None,
+             **options) -> Generation:
         """The next assistant turn for `messages` ([{"role": "user" | "assistant" | ..., "content": str}, ...]),
         rendered with the export's chat template: the tokens a fresh load(path).chat(messages) gives, whatever this
         model ran before. The cache keeps what the previous call left there: only what follows the prefix it
         shares with the rendered `messages` is prefilled (stats: cached_tokens, prefilled_tokens). A conversation
         that no longer fits raises ConversationFullError (a ValueError); conversation(drop_oldest=True) drops the
-        oldest turns instead."""
-        return self.conversation(messages).reply(**options)  # has generated nothing: all renders as text
+        oldest turns instead. tools (JSON-schema function declarations) and enable_thinking reach the template
+        as transformers' apply_chat_template passes them; the answer's thought and tool calls come apart from
+        its text (Generation.thought, .tool_calls)."""
+        conversation = self.conversation(messages, tools=tools, enable_thinking=enable_thinking)
+        return conversation.reply(**options)  # has generated nothing: all renders as text
 
-    def stream_chat(self, messages: list[dict], **options) -> Iterator[str]:
-        """chat(), streamed as text deltas (see stream)."""
-        return self.conversation(messages).stream_reply(**options)
+    def stream_chat(self, messages: list[dict], *, tools: list[dict] | None = None,
+                    enable_thinking: bool | None = None, **options) -> Iterator[Piece]:
+        """chat(), streamed as Pieces: str deltas tagged by .kind, "text" or "thought" (a "tool_call" piece is
+        empty, with the parsed call in .call); the text pieces join to chat's text. last_generation holds the
+        whole answer once the stream ends."""
+        conversation = self.conversation(messages, tools=tools, enable_thinking=enable_thinking)
+        return conversation.stream_reply(**options)
 
-    def conversation(self, messages: list[dict] | None = None, *, drop_oldest: bool = False) -> Conversation:
-        """A chat kept between turns: send(text) answers and remembers; `messages` starts its history."""
+    def conversation(self, messages: list[dict] | None = None, *, drop_oldest: bool = False,
+                     tools: list[dict] | None = None, enable_thinking: bool | None = None) -> Conversation:
+        """A chat kept between turns: send(text) answers and remembers; `messages` starts its history; tools and
+        enable_thinking render with every turn."""
         from mtpkit.runtime.conversation import Conversation as State
 
-        return Conversation(self, State(self.engine, messages, drop_oldest))
+        return Conversation(self, State(self.engine, messages, drop_oldest, tools, enable_thinking))
 
     def load_conversation(self, path: str | Path, *, drop_oldest: bool = False) -> Conversation:
         """A conversation written by Conversation.save(path) on this export, continuing with the tokens the saved
@@ -215,16 +231,42 @@ class Conversation:
         """Add a user message, answer it and keep the answer in the history."""
         return self._generation(self.state.send(text, gen_config(**options), self.model._new_stats()))
 
-    def stream(self, text: str, **options) -> Iterator[str]:
-        """send(), streamed as text deltas; the answer joins the history when the stream ends."""
-        return self.model._deltas(self.state.send(text, gen_config(**options), self.model._new_stats()))
+    def stream(self, text: str, **options) -> Iterator[Piece]:
+        """send(), streamed as Pieces (see Model.stream_chat); the answer joins the history when the stream ends."""
+        return self._pieces(self.state.send(text, gen_config(**options), self.model._new_stats()))
 
     def reply(self, **options) -> Generation:
         """The assistant's answer to the history as it stands, kept in it."""
         return self._generation(self.state.reply(gen_config(**options), self.model._new_stats()))
 
-    def stream_reply(self, **options) -> Iterator[str]:
-        return self.model._deltas(self.state.reply(gen_config(**options), self.model._new_stats()))
+    def stream_reply(self, **options) -> Iterator[Piece]:
+        return self._pieces(self.state.reply(gen_config(**options), self.model._new_stats()))
 
     def _generation(self, tokens: Iterator[int]) -> Generation:
-        return self.model._generation(self.state.prompt_ids, tokens)  # the ids fit() rendered for this turn
+        whole = self.model._generation(self.state.prompt_ids, tokens)  # the ids fit() rendered for this turn
+        return self._answered(whole)
+
+    def _answered(self, whole: Generation) -> Generation:
+        """The answer in its channels (the state split it when its tokens ended)."""
+        answer = self.state.split
+        if answer is not None:
+            whole = replace(whole, text=answer.text, thought=answer.thought, tool_calls=answer.tool_calls,
+                            tool_call_error=answer.tool_call_error)
+        self.model.last_generation = whole
+        return whole
+
+    def _pieces(self, tokens: Iterator[int]) -> Iterator[Piece]:
+        from mtpkit.runtime.channels import pieces
+        from mtpkit.runtime.tokenizer import text_deltas
+
+        codec, seen, produced = self.model.engine.codec, [], self.model._tokens(tokens)
+
+        def ids() -> Iterator[int]:
+            for token in produced:
+                seen.append(token)
+                yield token
+
+        with closing(produced):  # a caller that stops early still gets last_stats
+            yield from pieces(text_deltas(codec, ids(), marked=True), codec.specials)
+        # the state split the answer when its tokens ended
+        self._answered(Generation("", tuple(seen), tuple(self.state.prompt_ids), self.model.last_stats))

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Iterator
 
 from mtpkit.errors import UsageError
 
+from .channels import Split, split
+
 if TYPE_CHECKING:
     from .engine import Engine, GenConfig
     from .stats import Stats
@@ -38,18 +40,22 @@ class Conversation:
     """messages: the history ([{"role", "content"}, ...]), editable between turns; reply() answers its last user
     message and appends the answer. dropped: whole turns dropped so far to fit the cache (drop_oldest)."""
 
-    def __init__(self, engine: Engine, messages: list[dict] | None = None, drop_oldest: bool = False):
+    def __init__(self, engine: Engine, messages: list[dict] | None = None, drop_oldest: bool = False,
+                 tools: list[dict] | None = None, enable_thinking: bool | None = None):
         self.engine, self.drop_oldest = engine, drop_oldest
+        self.tools, self.enable_thinking = tools, enable_thinking  # rendered by the template every turn
         self.messages: list[dict] = list(messages or [])
         self.dropped = 0
         self.prompt_ids: list[int] = []  # the latest turn's rendered history
         self.answers: dict[str, list[int]] = {}  # generated answers' text -> their ids without the stop token
+        self.split: Split | None = None  # the latest answer in its channels (text, thought, tool calls)
 
     def save(self, path: str | Path) -> None:
-        """Write the history as JSON: the messages, each kept answer's ids by message index, the turns dropped so
-        far and the sha256 of the tokenizer the ids belong to. Replaced in one step: a crash leaves the old file."""
+        """Write the history as JSON: the messages, the tools and enable_thinking, each kept answer's ids by message
+        index, the turns dropped so far and the sha256 of the tokenizer the ids belong to. Replaced in one step: a crash leaves the old file."""
         state = {"format": FORMAT, "version": VERSION, "tokenizer_sha256": self.engine.manifest.tokenizer["sha256"],
-                 "messages": self.messages, "dropped": self.dropped,
+                 "messages": self.messages, "dropped": self.dropped, "tools": self.tools,
+                 "enable_thinking": self.enable_thinking,
                  "kept": [{"message": i, "ids": ids} for i, ids in sorted(self._kept().items())]}
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -64,7 +70,7 @@ class Conversation:
         """A conversation saved by save(), on the export it was saved from (the same tokenizer): its next turn
         renders, and so generates, exactly as the saved one's would have."""
         state = _read_state(Path(path), engine)
-        conversation = cls(engine, state["messages"], drop_oldest)
+        conversation = cls(engine, state["messages"], drop_oldest, state.get("tools"), state.get("enable_thinking"))
         conversation.dropped = state["dropped"]
         for entry in state["kept"]:
             conversation.answers[conversation.messages[entry["message"]]["content"]] = list(entry["ids"])
@@ -93,7 +99,7 @@ class Conversation:
     def fit(self, cfg: GenConfig) -> list[int]:
         """The rendered history's ids, after dropping the oldest whole turns while it does not fit (drop_oldest)."""
         while True:
-            ids = self.engine.codec.encode_chat(list(self.messages), self._kept())
+            ids = self.engine.codec.encode_chat(list(self.messages), self._kept(), self.tools, self.enable_thinking)
             needed = self.engine.target.positions_needed(len(ids), cfg.max_new_tokens)
             if needed <= self.engine.kv.capacity:
                 self.prompt_ids = ids
@@ -103,8 +109,8 @@ class Conversation:
 
     def _kept(self) -> dict[int, list[int]]:
         """The assistant messages whose text is an answer this conversation generated: index -> its ids."""
-        return {i: self.answers[m["content"]] for i, m in enumerate(self.messages)
-                if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"] in self.answers}
+        return {i: self.answers[m["content"]] for i, m in enumerate(self.messages) if m.get("role") == "assistant"
+                and not m.get("tool_calls") and isinstance(m.get("content"), str) and m["content"] in self.answers}
 
     def _drop_oldest_turn(self) -> bool:
         """Remove the first turn (a user message and what follows it up to the next user message) unless it is
@@ -131,6 +137,7 @@ class Conversation:
     def _answer(self, prompt: list[int], cfg: GenConfig, stats: Stats | None) -> Iterator[int]:
         produced: list[int] = []
         run = self.engine.generate(prompt, cfg, stats, reuse=True)
+        self.split = None
         try:
             for token, _ in run:
                 produced.append(token)
@@ -138,9 +145,22 @@ class Conversation:
         finally:  # an answer cut short (the caller stopped reading) stays in the history as far as it was seen
             run.close()
             if produced:
-                text = self.engine.codec.decode(produced)
-                self.messages.append({"role": "assistant", "content": text})
-                self._remember(text, produced)
+                self._keep_answer(produced)
+
+    def _keep_answer(self, produced: list[int]) -> None:
+        """The answer joins the history in its channels: its text as content, its calls as tool_calls, its thought
+        as reasoning_content (the template decides which thoughts it renders). Only an answer without markup is
+        remembered as its ids: those hold the markup its content does not."""
+        codec = self.engine.codec
+        self.split = answer = split(codec.decode_marked(produced), codec.specials)
+        message: dict = {"role": "assistant", "content": answer.text}
+        if answer.tool_calls:
+            message["tool_calls"] = [{"type": "function", "function": call} for call in answer.tool_calls]
+        if answer.thought:
+            message["reasoning_content"] = answer.thought
+        self.messages.append(message)
+        if not answer.marked:
+            self._remember(answer.text, produced)
 
     def _remember(self, text: str, produced: list[int]) -> None:
         """Keep an answer's ids (without its stop token) under its text, newest last: past MAX_ANSWERS the oldest
