@@ -52,7 +52,8 @@ class Conversation:
 
     def save(self, path: str | Path) -> None:
         """Write the history as JSON: the messages, the tools and enable_thinking, each kept answer's ids by message
-        index, the turns dropped so far and the sha256 of the tokenizer the ids belong to. Replaced in one step: a crash leaves the old file."""
+        index, the turns dropped so far and the sha256 of the tokenizer the ids belong to. Replaced in one step: a
+        crash leaves the old file."""
         state = {"format": FORMAT, "version": VERSION, "tokenizer_sha256": self.engine.manifest.tokenizer["sha256"],
                  "messages": self.messages, "dropped": self.dropped, "tools": self.tools,
                  "enable_thinking": self.enable_thinking,

@@ -144,7 +144,7 @@ def test_a_malformed_call_comes_back_as_text_with_the_reason(model, scripted):
 
 
 @pytest.mark.slow
-def test_the_thought_comes_apart_from_the_text_and_leaves_the_history(model, scripted):
+def test_the_thought_comes_apart_from_the_text_and_leaves_the_history(model, scripted, tmp_path):
     answer = "<|channel>thought\nIt is July.<channel|>Sunny."
     conversation = model.conversation(enable_thinking=True)
     n = scripted(answer)
@@ -160,6 +160,11 @@ def test_the_thought_comes_apart_from_the_text_and_leaves_the_history(model, scr
                                        max_new_tokens=n))
     assert ("".join(pieces["thought"]), "".join(pieces["text"])) == ("It is July.", "Sunny.")
     assert len(pieces["thought"]) > 1  # streamed as it came, not at the end
+    conversation.state.tools = [WEATHER]
+    conversation.save(tmp_path / "chat.json")  # a restored conversation renders its tools and thinking again
+    restored = model.load_conversation(tmp_path / "chat.json")
+    assert (restored.state.tools, restored.state.enable_thinking, restored.messages) == \
+        ([WEATHER], True, conversation.messages)
 
 
 @pytest.mark.slow
