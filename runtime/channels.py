@@ -10,6 +10,7 @@ the text as written, and the split says why it did not parse: generation never r
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ class Splitter:
     """Feed it the answer's text (special tokens included) as it grows; it yields Pieces."""
 
     def __init__(self, specials: Iterable[str] = ()):
-        self.drop = tuple(s for s in specials if s and s not in MARKERS)  # a plain decode skips these
+        self.markers = marker_set(tuple(specials))
         self.state, self.buffer, self.held = "text", "", ""
         self.named = False  # in a thought: past its channel name line
         self.split = Split()
@@ -68,14 +69,14 @@ class Splitter:
     def feed(self, delta: str) -> Iterator[Piece]:
         self.held += delta
         while True:
-            hit = _first(self.held, MARKERS + self.drop)
+            hit = self.markers.first(self.held)
             if hit is None:
                 break
             at, marker = hit
             yield from self._emit(self.held[:at])
             self.held = self.held[at + len(marker):]
             yield from self._marker(marker)
-        safe = len(self.held) - _partial(self.held, MARKERS + self.drop)
+        safe = len(self.held) - self.markers.partial(self.held)
         yield from self._emit(self.held[:safe])
         self.held = self.held[safe:]
 
@@ -157,15 +158,33 @@ def pieces(deltas: Iterable[str], specials: Iterable[str] = ()) -> Iterator[Piec
     yield from splitter.finish()
 
 
-def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
-    """The earliest marker in text (the longest at that place)."""
-    hits = [(text.find(m), -len(m), m) for m in markers if m in text]
-    return (min(hits)[0], min(hits)[2]) if hits else None
+class MarkerSet:
+    """The markers and the other special tokens, found by lookups rather than by trying each: a tokenizer may have
+    thousands of special tokens, and every streamed delta is searched."""
+
+    def __init__(self, specials: tuple[str, ...]):
+        self.all = set(MARKERS) | {t for t in specials if t}
+        self.lengths = sorted({len(t) for t in self.all}, reverse=True)  # the longest first at a place
+        self.prefixes = {t[:n] for t in self.all for n in range(1, len(t))}
+        self.longest = self.lengths[0]
+
+    def first(self, text: str) -> tuple[int, str] | None:
+        """The earliest marker in text (the longest at that place)."""
+        for at in range(len(text)):
+            for n in self.lengths:
+                if text[at:at + n] in self.all:
+                    return at, text[at:at + n]
+        return None
+
+    def partial(self, text: str) -> int:
+        """How many characters at text's end may be the start of a marker."""
+        return max((n for n in range(1, min(len(text), self.longest - 1) + 1) if text[-n:] in self.prefixes),
+                   default=0)
 
 
-def _partial(text: str, markers: tuple[str, ...]) -> int:
-    """How many characters at text's end may be the start of a marker."""
-    return max((n for m in markers for n in range(1, len(m)) if text.endswith(m[:n])), default=0)
+@functools.lru_cache(maxsize=4)
+def marker_set(specials: tuple[str, ...]) -> MarkerSet:
+    return MarkerSet(specials)
 
 
 def parse_call(source: str) -> dict:
