@@ -108,7 +108,9 @@ class Splitter:
 
     def _marker(self, marker: str) -> Iterator[Piece]:
         self.split.marked = self.split.marked or marker in MARKERS
-        if marker == THOUGHT_OPEN and self.state == "text":
+        if self.state == "call" and marker != CALL_CLOSE:
+            self.buffer += marker  # a call's syntax is made of special tokens (Gemma 4's <|"|>): kept for the parser
+        elif marker == THOUGHT_OPEN and self.state == "text":
             self.state, self.buffer, self.named = "thought", "", False
         elif marker == THOUGHT_CLOSE and self.state == "thought":
             yield from self._close_thought()

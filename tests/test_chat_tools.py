@@ -62,12 +62,14 @@ def test_an_answer_streamed_a_character_at_a_time_splits_as_it_does_whole():
     from mtpkit.runtime.channels import Splitter, split
 
     raw = (f'<|channel>thought\nHot<eos>.<channel|>Sure<pad>.{CALL}<|tool_call>call:f{{"a b":[1,{{x:null}}],'
-           f'q:"say \\"hi\\"",ok:false}}<tool_call|>done<eos>')
-    whole = split(raw, ["<eos>", "<pad>"])
+           f'q:"say \\"hi\\"",ok:false,n:<|"|>a, b: c<|"|>}}<tool_call|>done<eos>')
+    specials = ["<eos>", "<pad>", '<|"|>']  # Gemma 4's string delimiter is a special token: kept inside a call
+    whole = split(raw, specials)
     assert (whole.thought, whole.text, whole.tool_call_error) == ("Hot.", "Sure.done", None)
     assert whole.tool_calls == [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
-                                {"name": "f", "arguments": {"a b": [1, {"x": None}], "q": 'say "hi"', "ok": False}}]
-    splitter = Splitter(["<eos>", "<pad>"])
+                                {"name": "f", "arguments": {"a b": [1, {"x": None}], "q": 'say "hi"', "ok": False,
+                                                             "n": "a, b: c"}}]
+    splitter = Splitter(specials)
     streamed = [p for ch in raw for p in splitter.feed(ch)] + list(splitter.finish())
     assert splitter.split == whole and all("<" not in p for p in streamed if p.kind == "text")
 
