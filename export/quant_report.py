@@ -81,6 +81,7 @@ def quant_report(target: str, drafter: str, out: Path, recipes: list[str], draft
     from mtpkit.export.config import ExportConfig
     from mtpkit.export.pipeline import export_model
 
+    recipes, drafter_recipes = _lattice_where_held(recipes, target), _lattice_where_held(drafter_recipes, drafter)
     if out.exists():
         shutil.rmtree(out)
     exports = out / "exports"
@@ -153,6 +154,20 @@ def _plans(recipes: dict, folder: Path, manifest, checkpoints: tuple[str, str] |
         models = {side: adapters[side].load(sources[side]) for side, r in recipes.items() if r.lattice}
         plans.update(lattice.plans({s: r for s, r in recipes.items() if r.lattice}, models))
     return plans
+
+
+def _lattice_where_held(names: list[str], checkpoint: str) -> list[str]:
+    """The recipes that apply to `checkpoint`: a lattice recipe (checkpoint) only where it is pre-quantized; a
+    skipped one is logged."""
+    from .lattice import detect_folder
+
+    if not any(recipe(n).lattice for n in names) or detect_folder(checkpoint, weights=True):
+        return names
+    import logging
+
+    logging.getLogger("mtpkit").info("  quant-report: %s is a float checkpoint; its rows skip %s", checkpoint,
+                                     ", ".join(n for n in names if recipe(n).lattice))
+    return [n for n in names if not recipe(n).lattice]
 
 
 def _calibration(folders: dict) -> dict | None:
