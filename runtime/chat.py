@@ -74,8 +74,10 @@ def run(args: argparse.Namespace) -> int:
             print("mtpkit: history cleared", file=sys.stderr, flush=True)
         elif text.startswith("/tool "):
             name, _, result = text.removeprefix("/tool ").strip().partition(" ")
-            conversation.messages.append({"role": "tool", "name": name, "content": result})
-            _answer(conversation, None, cfg)
+            message = {"role": "tool", "name": name, "content": result}
+            conversation.messages.append(message)
+            if not _answer(conversation, None, cfg) and conversation.messages[-1] is message:
+                conversation.messages.pop()  # a turn that cannot run never happened, as for a user message
         else:
             _answer(conversation, text, cfg)
     return 0
@@ -108,10 +110,10 @@ def _read_line() -> str | None:
     return text if text.strip() else None
 
 
-def _answer(conversation: Conversation, text: str | None, cfg: GenConfig) -> None:
+def _answer(conversation: Conversation, text: str | None, cfg: GenConfig) -> bool:
     """Streams the assistant's answer to `text` (None: to the history as it stands) to stdout, then its stats
     line to stderr; a turn that cannot run (the conversation no longer fits the KV cache) is one line on stderr,
-    and the history stays as it was."""
+    and the history stays as it was. False when the turn did not run."""
     from .conversation import ConversationFullError
     from .stats import Stats, stats_line
     from .tokenizer import text_deltas
@@ -136,10 +138,11 @@ def _answer(conversation: Conversation, text: str | None, cfg: GenConfig) -> Non
             print(flush=True)
         hint = "" if isinstance(e, ConversationFullError) else "; type /reset to clear the history"
         print(f"mtpkit chat: {e}{hint}", file=sys.stderr, flush=True)
-        return
+        return False
     print(flush=True)  # end the streamed answer before the stats line on stderr
     sys.stderr.write(stats_line(stats.summary(), cfg.mtp, prompt=True) + "\n")
     sys.stderr.flush()
+    return True
 
 
 def _show(piece: Piece, last: str) -> str:

@@ -193,3 +193,13 @@ def test_chat_cli_passes_tools_and_thinking_and_prints_calls_and_thoughts_apart(
     assert err.startswith("Hot.\n") and "<|" not in out + err
     assert {(kw["tools"] == [WEATHER], kw["enable_thinking"]) for kw in seen} == {(True, True)}
     assert seen[-1]["messages"][-1] == {"role": "tool", "name": "get_weather", "content": "sunny"}
+
+
+@pytest.mark.parametrize("content, reason", [('{"name": "f"}', "must hold a JSON list"), ("[{", "JSONDecodeError")])
+def test_a_tools_file_that_is_not_a_list_of_declarations_is_refused_in_one_line(tmp_path, capsys, content, reason):
+    from mtpkit.cli import main
+
+    (tmp_path / "tools.json").write_text(content)
+    assert main(["chat", str(tmp_path / "no-export"), "--tools", str(tmp_path / "tools.json")]) == 2
+    err = capsys.readouterr().err
+    assert reason in err and len(err.strip().splitlines()) == 1
