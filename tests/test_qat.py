@@ -219,7 +219,7 @@ def test_every_graph_weight_holds_the_checkpoints_codes_and_scales(qat_export, b
     from mtpkit.export.lattice import key
     from mtpkit.export.models import gemma4_assistant
 
-    target, out = qat_export
+    target, out, _ = qat_export
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["quantization"]["recipe"] == "checkpoint"
     assert manifest["quantization"]["drafter_recipe"] == "checkpoint"

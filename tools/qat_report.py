@@ -3,9 +3,9 @@
 measured by `mtpkit quant-report` against transformers on the same QAT checkpoint over the held-out windows; and
 the QAT model itself against the float pair (PyTorch, teacher-forced on the same windows). Not in CI.
 
-    .venv/bin/python tools/qat_report.py OUT [--windows 64] [--backend onnx,litert]
+    .venv/bin/python tools/qat_report.py OUT [--windows 64] [--backend onnx,litert] [--self-check N]
 
-Writes OUT/<variant>/report.md (quant-report's table), OUT/summary.json and OUT/summary.md.
+Writes OUT/<variant>/report/ (quant-report's report.md and report.json) and OUT/summary.json.
 """
 
 from __future__ import annotations
@@ -44,11 +44,36 @@ def vs_float(qat_target: Path, texts: list[str], prompt_len: int = 32, text_len:
     return {"top1_vs_float_pair": agree / total, "positions": total}
 
 
+def self_consistency(qat_target: Path, texts: list[str], prompt_len: int = 32, text_len: int = 128) -> dict:
+    """transformers against itself on the QAT checkpoint: teacher-forced top-1 of one full-sequence forward against
+    token-by-token decoding with its KV cache (from_pretrained: GemmaQuantizer, apply_srq). How far the checkpoint's
+    own computation moves with the order of float operations: the floor any graph can be held to."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(qat_target), dtype=torch.float32).eval()
+    tok = Tokenizer.from_file(str(qat_target / "tokenizer.json"))
+    agree = total = 0
+    with torch.no_grad():
+        for text in texts:
+            ids = [2, *tok.encode(text, add_special_tokens=False).ids[:prompt_len + text_len]]
+            full = model(torch.tensor([ids])).logits[0, prompt_len:].argmax(-1)
+            out = model(torch.tensor([ids[:prompt_len + 1]]), use_cache=True)
+            steps = [out.logits[0, -1]]
+            for t in ids[prompt_len + 1:]:
+                out = model(torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
+                steps.append(out.logits[0, -1])
+            agree, total = agree + int((full == torch.stack(steps).argmax(-1)).sum()), total + len(full)
+    return {"transformers_full_vs_cached_top1": agree / total, "positions": total}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("--windows", type=int, default=64)
     p.add_argument("--backend", default="onnx,litert")
+    p.add_argument("--self-check", type=int, metavar="N",
+                   help="only transformers' full-sequence against token-by-token top-1 on the first N windows")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "tools"))
     from heldout_text import windows
@@ -64,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, srq in VARIANTS.items():
         target, drafter = write_pair(SHIPPED / "target", SHIPPED / "drafter", args.out / name / "pair", "gemma",
                                      drafter_fmt="q4_0", srq=srq)
+        if args.self_check:
+            summary[name] = self_consistency(target, texts[:args.self_check])
+            continue
         report = quant_report(str(target), str(drafter), args.out / name / "report", ["checkpoint"], ["checkpoint"],
                               backends=tuple(args.backend.split(",")), max_cache_len=256, repeats=1, heldout=heldout)
         keys = ("backend", "target_recipe", "drafter_recipe", "teacher_forced", "heldout")

@@ -17,7 +17,7 @@ import torch
 
 from mtpkit.errors import CheckpointError
 
-from . import Lattice, Weight, check_codes, key, supported_bits
+from .types import Lattice, Weight, check_codes, key, supported_bits
 
 FORMAT = "compressed-tensors"
 FORMATS = ("pack-quantized",)

@@ -19,7 +19,7 @@ import torch
 
 from mtpkit.errors import CheckpointError
 
-from . import Lattice, Weight, check_codes, key, supported_bits
+from .types import Lattice, Weight, check_codes, key, supported_bits
 
 FORMAT = "gemma"
 _SRQ = (".input_activation_scale", ".output_activation_scale")

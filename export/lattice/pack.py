@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Weight
+from .types import Weight
 
 ONNX_BITS = (2, 4, 8)  # MatMulNBits widths
 ONNX_TABLE_BITS = (4, 8)  # GatherBlockQuantized widths: a 2-bit table's codes are written at 4 bits (exact)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 
-from . import Lattice, key, quantization_config
+from .types import Lattice, key, quantization_config
 
 # packed tensor suffix -> the float weight's suffix, per format
 _PACKED = {"gemma": (".weight", ".embedding_quantized"), "compressed-tensors": (".weight_packed",)}

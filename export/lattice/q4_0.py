@@ -11,7 +11,7 @@ import numpy as np
 
 
 from .. import int4
-from . import Lattice, Weight, key
+from .types import Lattice, Weight, key
 
 FORMAT = "q4_0"
 BLOCK = 32

@@ -6,7 +6,8 @@ import numpy as np
 
 from mtpkit.errors import CheckpointError
 
-from . import Lattice, compressed, gemma, q4_0
+from . import compressed, gemma, q4_0
+from .types import Lattice
 
 # quant_method -> reader module (each with FORMAT, check(qc) and read(qc, state, expected, prefix))
 READERS = {"gemma": gemma, "compressed-tensors": compressed}

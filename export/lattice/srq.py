@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import Lattice, key
+from .types import Lattice, key
 
 
 def rounded(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
