@@ -265,8 +265,9 @@ def int4_plans(cfg, adapters: tuple, low_bit: tuple[str, ...] = (), sources: tup
              for (side, recipe), adapter in zip(cfg.recipes.items(), adapters) if recipe.int4}
     for (side, recipe), src in zip(cfg.recipes.items(), sources):
         if recipe.lattice:  # a lattice the config does not name is a Q4_0 one (check_recipes saw it)
-            found = planned.headers(src.config, tensor_headers(src.folder))[1]
-            plans[side] = int4.Int4Plan(recipe, lattice=found or planned.q4_0(tensor_headers(src.folder)))
+            headers = tensor_headers(src.folder)
+            found = planned.headers(src.config, headers)[1]
+            plans[side] = int4.Int4Plan(recipe, lattice=found or planned.q4_0(headers))
     return plans
 
 

@@ -74,27 +74,23 @@ def _scales(name: str, scale: torch.Tensor | None, rows: int, width: int, per_ro
     return np.ascontiguousarray(s, np.float32)
 
 
+# a quantized tensor's data and scale suffixes: (data, scale, several scales per row allowed)
+_LINEAR = (".weight", ".weight_scale", False)
+_TABLE = (".embedding_quantized", ".embedding_scale", True)
+
+
 def read(qc: dict, state: dict, expected: dict, prefix: str) -> tuple[dict, Lattice]:
     out, weights, activations, kv = {}, {}, {}, {}
     for name in list(state):
-        if name.endswith(".weight_scale"):
-            module = name.removesuffix(".weight_scale")
-            weights[key(module)] = _linear(qc, state, module, expected, prefix)
-            out[module + ".weight"] = torch.from_numpy(weights[key(module)].dequantized())
-        elif name.endswith(".embedding_scale"):
-            module = name.removesuffix(".embedding_scale")
-            weights[key(module)] = _embedding(qc, state, module, expected, prefix)
+        kind = next((k for k in (_LINEAR, _TABLE) if name.endswith(k[1])), None)
+        if kind is not None:
+            module = name.removesuffix(kind[1])
+            weights[key(module)] = _packed(qc, state, module, expected, prefix, kind)
             out[module + ".weight"] = torch.from_numpy(weights[key(module)].dequantized())
         elif name.endswith(_SRQ):
-            module = name.rsplit(".", 1)[0]
-            pair = activations.get(key(module), (0.0, 0.0))
-            value = float(state[name].float().reshape(-1)[0])
-            activations[key(module)] = (value, pair[1]) if name.endswith(_SRQ[0]) else (pair[0], value)
+            _set_pair(activations, name, float(state[name].float().reshape(-1)[0]), name.endswith(_SRQ[0]))
         elif name.endswith(_KV):
-            module = name.rsplit(".", 1)[0]
-            pair = kv.get(key(module), (0.0, 0.0))
-            value = float(state[name].float().reshape(-1)[0])
-            kv[key(module)] = (value, pair[1]) if name.endswith(_KV[0]) else (pair[0], value)
+            _set_pair(kv, name, float(state[name].float().reshape(-1)[0]), name.endswith(_KV[0]))
     for name, tensor in state.items():
         if name.endswith((".weight_scale", ".embedding_scale", ".embedding_quantized", *_SRQ, *_KV)):
             continue
@@ -102,6 +98,13 @@ def read(qc: dict, state: dict, expected: dict, prefix: str) -> tuple[dict, Latt
             continue
         out.setdefault(name, tensor)
     return out, Lattice(FORMAT, weights, activations, kv)
+
+
+def _set_pair(pairs: dict, name: str, value: float, first: bool) -> None:
+    """One of a module's two scalars ((input, output) activation scales, (k, v) cache scales)."""
+    module = key(name.rsplit(".", 1)[0])
+    pair = pairs.get(module, (0.0, 0.0))
+    pairs[module] = (value, pair[1]) if first else (pair[0], value)
 
 
 def _shape(expected: dict, module: str, name: str) -> tuple[int, int]:
@@ -112,32 +115,21 @@ def _shape(expected: dict, module: str, name: str) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def _linear(qc: dict, state: dict, module: str, expected: dict, prefix: str) -> Weight:
-    name = module + ".weight"
+def _packed(qc: dict, state: dict, module: str, expected: dict, prefix: str, kind: tuple) -> Weight:
+    """A QuantizedLinear's weight or a QuantizedEmbedding's table (`kind`: _LINEAR or _TABLE), checked against the
+    config's shape by name."""
+    data, scale, blocks = kind
+    name = module + data
     if name not in state:
-        raise CheckpointError(f"{module}.weight_scale has no {name} beside it; the checkpoint is damaged")
+        raise CheckpointError(f"{module}{scale} has no {name} beside it; the checkpoint is damaged")
     rows, width = _shape(expected, module, name)
     bits = bits_of(qc, _original(module, prefix))
     codes = unpack(_original(name, prefix), state[name], bits, width)
     if codes.shape[0] != rows:
-        raise CheckpointError(f"{_original(name, prefix)} has {codes.shape[0]} rows; the config's weight has {rows}")
+        raise CheckpointError(f"{_original(name, prefix)} has {codes.shape[0]} rows; the config's "
+                              f"{'table' if blocks else 'weight'} has {rows}")
     check_codes(_original(name, prefix), codes, bits)
-    scales = _scales(_original(module + ".weight_scale", prefix), state[module + ".weight_scale"], rows, width, False)
-    return Weight(codes, scales, bits)
-
-
-def _embedding(qc: dict, state: dict, module: str, expected: dict, prefix: str) -> Weight:
-    name = module + ".embedding_quantized"
-    if name not in state:
-        raise CheckpointError(f"{module}.embedding_scale has no {name} beside it; the checkpoint is damaged")
-    rows, width = _shape(expected, module, name)
-    bits = bits_of(qc, _original(module, prefix))
-    codes = unpack(_original(name, prefix), state[name], bits, width)
-    if codes.shape[0] != rows:
-        raise CheckpointError(f"{_original(name, prefix)} has {codes.shape[0]} rows; the config's table has {rows}")
-    check_codes(_original(name, prefix), codes, bits)
-    scales = _scales(_original(module + ".embedding_scale", prefix), state[module + ".embedding_scale"], rows, width,
-                     True)
+    scales = _scales(_original(module + scale, prefix), state[module + scale], rows, width, blocks)
     return Weight(codes, scales, bits)
 
 

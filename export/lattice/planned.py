@@ -40,7 +40,7 @@ def headers(config: dict, tensors: dict[str, dict]) -> tuple[dict[str, dict], La
     fmt = format_of(qc)
     out, weights = {}, {}
     for name, h in tensors.items():
-        if name.endswith(_DROPPED) or name.endswith(".weight_scale"):
+        if name.endswith(_DROPPED):
             continue
         suffix = next((s for s in _PACKED[fmt] if name.endswith(s) and h["dtype"] in _INTEGER), None)
         if suffix is None:

@@ -65,6 +65,6 @@ def read(state: dict, expected: dict) -> tuple[dict, Lattice]:
     if off:
         log.info("  Q4_0 lattice: %d of %d blocks off the lattice in %d weights, re-encoded (4 bits, searched "
                  "scales)", sum(o for o, _ in off.values()), sum(a for _, a in off.values()), len(off))
-    return {**state}, lattice
+    return state, lattice
 
 

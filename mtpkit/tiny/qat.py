@@ -115,19 +115,20 @@ def write(source: Path, out: Path, fmt: str, seed: int = 0, off_lattice_blocks: 
     return out
 
 
+def _snapped(state: dict, lattice: dict):
+    """(float tensors the lattice leaves as they are, [(module, weight, codes, scales, bits)] of the rest)."""
+    kept = {name: w for name, w in state.items() if name not in lattice}
+    return kept, [(name.removesuffix(".weight"), state[name], *lattice[name]) for name in state if name in lattice]
+
+
 def _gemma(state: dict, lattice: dict, srq: dict, widths: dict) -> tuple[dict, dict]:
-    tensors = {}
-    for name, w in state.items():
-        if name not in lattice:
-            tensors[name] = w
-            continue
-        codes, scale, bits = lattice[name]
-        module = name.removesuffix(".weight")
-        if "embed" in name:
+    tensors, snapped = _snapped(state, lattice)
+    for module, _, codes, scale, bits in snapped:
+        if "embed" in module:
             tensors[module + ".embedding_quantized"] = _pack_uint8(codes, bits)
             tensors[module + ".embedding_scale"] = scale
             continue
-        tensors[name], tensors[module + ".weight_scale"] = _pack_uint8(codes, bits), scale
+        tensors[module + ".weight"], tensors[module + ".weight_scale"] = _pack_uint8(codes, bits), scale
         found = srq.get(module, (0.0, 0.0))
         tensors[module + ".input_activation_scale"] = torch.tensor(found[0], dtype=torch.float32)
         tensors[module + ".output_activation_scale"] = torch.tensor(found[1], dtype=torch.float32)
@@ -139,13 +140,8 @@ def _gemma(state: dict, lattice: dict, srq: dict, widths: dict) -> tuple[dict, d
 def _compressed(state: dict, lattice: dict, srq: dict, widths: dict) -> tuple[dict, dict]:
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
-    tensors = {}
-    for name, w in state.items():
-        if name not in lattice:
-            tensors[name] = w
-            continue
-        codes, scale, bits = lattice[name]
-        module = name.removesuffix(".weight")
+    tensors, snapped = _snapped(state, lattice)
+    for module, w, codes, scale, bits in snapped:
         tensors[module + ".weight_packed"] = pack_to_int32(codes, bits)
         tensors[module + ".weight_scale"] = scale
         tensors[module + ".weight_shape"] = torch.tensor(list(w.shape), dtype=torch.int32)
