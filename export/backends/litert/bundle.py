@@ -8,6 +8,9 @@ widened to end where that section ends. LiteRT-LM maps each section as [begin, e
 offsets against that range, not against other sections (litert_lm_loader.cc, model_load.cc ReadBuffer), so the
 section loads as the same model; rebuild_bundle checks the bytes after writing, and tests/test_litert_quant.py
 runs the section and LiteRT-LM on it.
+
+The LlmMetadata section says whether the model calls functions and thinks as its chat template supports them
+(capabilities): LiteRT-LM's ModelInfo reads these from its supports_* fields, which litert-torch 0.10.0 never sets.
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ class Layout:
 
 def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> Layout:
     """Replace every .tflite section of the .litertlm by the file of its section type, keeping the other sections
-    (metadata, tokenizer) and the section order, each weight stored once (the module docstring); check the result
-    carries exactly the files' bytes. Sections are copied from the files a block at a time, never held in memory.
-    The header's uuid is named by the sections and its time fixed (_content_uuid), so the same sections always
-    give the same file."""
+    (tokenizer, metadata with its capabilities set: _with_capabilities) and the section order, each weight stored
+    once (the module docstring); check the result carries exactly the files' bytes. Sections are copied from the
+    files a block at a time, never held in memory. The header's uuid is named by the sections and its time fixed
+    (_content_uuid), so the same sections always give the same file."""
     from ai_edge_quantizer.utils import litertlm_utils
 
     bundle = Path(bundle)
@@ -65,7 +68,7 @@ def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> Layout:
         raise RuntimeError(f"{bundle.name} has no section for {', '.join(sorted(missing))}")
     tmp = bundle.with_name(f".{bundle.name}.rebuilt")
     try:
-        overrides, reach = _stored_once(source, graphs, bundle)
+        overrides, reach = _stored_once(source, graphs, bundle, _with_capabilities(source, bundle))
         with _streamed_output(litertlm_utils.mmap_utils), litertlm_identity(_content_uuid(source, overrides)):
             source.serialize(tmp, overrides)
         rebuilt = litertlm_utils.LiteRTLMFile(tmp).sections
@@ -78,8 +81,63 @@ def rebuild_bundle(bundle: Path, files: dict[str, Path]) -> Layout:
         tmp.unlink(missing_ok=True)
         for g in graphs.values():
             _without_shared(bundle, g.section).unlink(missing_ok=True)
+        _metadata_file(bundle).unlink(missing_ok=True)
     shared = {graphs[i].section: _by_section(graphs, later) for i, later in reach.items()}
     return Layout([graphs[i].section for i in sorted(graphs)], shared)
+
+
+# the tool capabilities gives a chat template: one that supports function calling writes it into the prompt
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "mtpkit_probe_tool", "description": "A probe.", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "description": "x"}}, "required": ["x"]}}}
+
+
+def capabilities(template: str, bos_token: str = "") -> tuple[bool, bool]:
+    """(function calling, thinking) as the chat template supports them: it writes a tool it is given into the
+    prompt, and enable_thinking changes the prompt. Rendered as mtpkit's runtime renders (sandboxed and bounded); a
+    template that refuses or fails these renders supports neither."""
+    from mtpkit.errors import ManifestError, UsageError
+    from mtpkit.runtime.chat_template import render
+
+    def rendered(**options) -> str | None:
+        try:
+            return render(template, Path("the bundle's chat template"), messages=[{"role": "user", "content": "Hi"}],
+                          add_generation_prompt=True, bos_token=bos_token, **options)
+        except (ManifestError, UsageError):
+            return None
+
+    declared = rendered(tools=[_PROBE_TOOL])
+    on, off = rendered(tools=None, enable_thinking=True), rendered(tools=None, enable_thinking=False)
+    return (declared is not None and _PROBE_TOOL["function"]["name"] in declared,
+            on is not None and off is not None and on != off)
+
+
+def _with_capabilities(source, bundle: Path) -> dict:
+    """{index: _FileSection} of the LlmMetadata section with supports_function_calling and supports_thinking as its
+    chat template supports them (capabilities; a thought also needs a channel to come back in), or {} where the
+    section says so already. LiteRT-LM's ModelInfo reads those fields (schema/model_info/model_info.cc, litert-lm
+    0.18.1) and litert-torch 0.10.0 never sets them, so a bundle otherwise reports neither."""
+    from ai_edge_quantizer.utils import litertlm_utils
+    from litert_lm_builder.runtime.proto import llm_metadata_pb2
+
+    for i, section in enumerate(source.sections):
+        if section.dataType != litertlm_utils.AnySectionDataType.LlmMetadataProto:
+            continue
+        raw = bytes(source.get_section_buffer(i))
+        metadata = llm_metadata_pb2.LlmMetadata.FromString(raw)
+        tools, thinking = capabilities(metadata.jinja_prompt_template, metadata.start_token.token_str)
+        metadata.supports_function_calling = tools
+        metadata.supports_thinking = thinking and len(metadata.channels) > 0
+        if metadata.SerializeToString() == raw:
+            return {}
+        _metadata_file(bundle).write_bytes(metadata.SerializeToString())
+        return {i: _FileSection(_metadata_file(bundle))}
+    return {}
+
+
+def _metadata_file(bundle: Path) -> Path:
+    """The temporary file the LlmMetadata section's new bytes are written to, beside the bundle."""
+    return bundle.with_name(f".{bundle.name}.llm_metadata.pb")
 
 
 def _without_shared(bundle: Path, section: str) -> Path:
@@ -139,10 +197,11 @@ def _digest(view) -> str:
     return h.hexdigest()
 
 
-def _stored_once(source, graphs: dict[int, _Graph], bundle: Path) -> tuple[dict, dict[int, dict[str, int]]]:
-    """The section overrides (a _FileSection per TFLite section) and, per section, its weights found with the same
-    name and bytes in a later section: name -> that section's index. A section with such weights gets a copy
-    without them, its offsets pointing where the later section's copy will lie."""
+def _stored_once(source, graphs: dict[int, _Graph], bundle: Path,
+                 others: dict) -> tuple[dict, dict[int, dict[str, int]]]:
+    """The section overrides (`others`, then a _FileSection per TFLite section) and, per section, its weights found
+    with the same name and bytes in a later section: name -> that section's index. A section with such weights gets
+    a copy without them, its offsets pointing where the later section's copy will lie."""
     order = sorted(graphs)
     reach: dict[int, dict[str, int]] = {}
     for k, i in enumerate(order):  # the last section holding it: that one keeps its copy, so nothing chains
@@ -150,7 +209,7 @@ def _stored_once(source, graphs: dict[int, _Graph], bundle: Path) -> tuple[dict,
             j = next((j for j in reversed(order[k + 1:]) if graphs[j].same(name, graphs[i])), None)
             if j is not None:
                 reach.setdefault(i, {})[name] = j
-    overrides = {i: _FileSection(g.path) for i, g in graphs.items()}
+    overrides = {**others, **{i: _FileSection(g.path) for i, g in graphs.items()}}
     stripped = {i: _Stripped(graphs[i], set(names), _without_shared(bundle, graphs[i].section))
                 for i, names in reach.items()}
     for i, s in stripped.items():
@@ -239,7 +298,8 @@ def _check(path: Path, overrides: dict, graphs: dict[int, _Graph], reach: dict[i
     for i, section in overrides.items():
         begin = sections[i].beginOffset
         if not _same_bytes(section.path, path, begin, begin + section.size):
-            raise RuntimeError(f"{path.name}: rebuilt section {i} ({graphs[i].section}) differs from its file")
+            name = graphs[i].section if i in graphs else "metadata"
+            raise RuntimeError(f"{path.name}: rebuilt section {i} ({name}) differs from its file")
         placed = _Graph(section.path, graphs[i].section) if i in reach else None
         for name in reach.get(i, {}):
             offset, size = placed.span(name)
