@@ -33,21 +33,34 @@ def format_of(config: dict) -> str | None:
     return readers.format_of(qc)
 
 
-def read(config: dict, state: dict, prefix: str, expected: dict) -> tuple[dict, Lattice | None]:
+def read(config: dict, state: dict, prefix: str, expected: dict, dtype=None) -> tuple[dict, Lattice | None]:
     """(float state for the PyTorch model, the Lattice) of a checkpoint's tensors `state` (keys after `prefix` was
     renamed to "model."), `expected` the model's parameter shapes by the same keys; a float checkpoint's state comes
-    back unchanged with no Lattice, unless its linear weights lie on a Q4_0 lattice."""
+    back unchanged with no Lattice, unless its linear weights lie on a Q4_0 lattice. Quantized weights are
+    dequantized into `dtype` (a torch dtype; None: the one the checkpoint's float tensors share, else float32)."""
     from . import readers
 
     qc = quantization_config(config)
     if qc is not None:
         state, lattice = readers.read(qc, state, expected, prefix)
+        state = _dequantized(state, dtype)
     elif _q4_0_sample(state) is not None and readers.looks_q4_0(_q4_0_sample(state)):
         state, lattice = readers.recover_q4_0(state, expected)
     else:
         return state, None
     log.info("  %s", lattice.summary())
     return state, lattice
+
+
+def _dequantized(state: dict, dtype) -> dict:
+    """The state with each Weight a tensor of `dtype` (None: as the float tensors beside it, as --dtype auto holds
+    a float checkpoint), filled by rows: a bf16-held model never holds a float32 copy of a table."""
+    import torch
+
+    if dtype is None:
+        floats = {t.dtype for t in state.values() if not isinstance(t, Weight) and t.is_floating_point()}
+        dtype = next(iter(floats)) if len(floats) == 1 else torch.float32
+    return {k: v.tensor(dtype) if isinstance(v, Weight) else v for k, v in state.items()}
 
 
 def _q4_0_sample(state: dict):

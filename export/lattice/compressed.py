@@ -17,7 +17,7 @@ import torch
 
 from mtpkit.errors import CheckpointError
 
-from .types import Lattice, Weight, check_codes, key, supported_bits
+from .types import Lattice, Weight, key, supported_bits
 
 FORMAT = "compressed-tensors"
 FORMATS = ("pack-quantized",)
@@ -67,32 +67,22 @@ def _group_of(qc: dict, module: str) -> dict:
     return found
 
 
-def unpack(name: str, packed: torch.Tensor, bits: int, rows: int, width: int) -> np.ndarray:
-    """int8 codes [rows, width] of an int32-packed tensor, its shape checked against the weight's."""
+def check_packed(name: str, packed: torch.Tensor, bits: int, rows: int, width: int) -> np.ndarray:
+    """An int32-packed tensor's words as stored (export/lattice/unpack.compressed), its shape checked against the
+    weight's."""
     cols = -(-width * bits // 32)
     if packed.dtype != torch.int32 or tuple(packed.shape) != (rows, cols):
         raise CheckpointError(f"{name} is {str(packed.dtype).removeprefix('torch.')} {tuple(packed.shape)}; int{bits} "
                               f"codes of a ({rows}, {width}) weight pack into int32 ({rows}, {cols}); the checkpoint is "
                               "damaged or its config_groups name other widths")
-    groups = -(-width // 32)
-    words = np.zeros((rows, groups * bits), np.uint32)
-    words[:, :cols] = packed.numpy().view(np.uint32)
-    words = words.reshape(rows, groups, bits)
-    start = np.arange(32) * bits
-    lo = (words[..., start // 32] >> (start % 32).astype(np.uint32)).astype(np.uint64)
-    spill = (start % 32) + bits > 32
-    hi_words = words[..., np.minimum(start // 32 + 1, bits - 1)].astype(np.uint64)
-    value = lo | np.where(spill, hi_words << (32 - start % 32).astype(np.uint64), 0)
-    codes = (value & ((1 << bits) - 1)).astype(np.int16) - (1 << (bits - 1))
-    return codes.reshape(rows, groups * 32)[:, :width].astype(np.int8)
+    return packed.numpy()
 
 
 def read(qc: dict, state: dict, expected: dict, prefix: str) -> tuple[dict, Lattice]:
     out, weights, activations = {}, {}, {}
     for name in [n for n in state if n.endswith(".weight_packed")]:
         module = name.removesuffix(".weight_packed")
-        weights[key(module)] = _weight(qc, state, module, expected, prefix)
-        out[module + ".weight"] = torch.from_numpy(weights[key(module)].dequantized())
+        weights[key(module)] = out[module + ".weight"] = _weight(qc, state, module, expected, prefix)
         scales = [state.get(module + s) for s in (".input_scale", ".output_scale")]
         if any(s is not None for s in scales):
             activations[key(module)] = tuple(0.0 if s is None else float(s.float().reshape(-1)[0]) for s in scales)
@@ -111,19 +101,19 @@ def _weight(qc: dict, state: dict, module: str, expected: dict, prefix: str) -> 
     if shape is None or len(shape) != 2:
         raise CheckpointError(f"{original}.weight_packed packs no 2-D weight of this model")
     rows, width = int(shape[0]), int(shape[1])
-    stored = state.get(module + ".weight_shape")
-    if stored is not None and [int(v) for v in stored.reshape(-1)] != [rows, width]:
-        raise CheckpointError(f"{original}.weight_shape is {[int(v) for v in stored.reshape(-1)]}; the config's "
+    recorded = state.get(module + ".weight_shape")
+    if recorded is not None and [int(v) for v in recorded.reshape(-1)] != [rows, width]:
+        raise CheckpointError(f"{original}.weight_shape is {[int(v) for v in recorded.reshape(-1)]}; the config's "
                               f"weight is [{rows}, {width}]")
     if module + ".weight_zero_point" in state:
         raise CheckpointError(f"{original}.weight_zero_point: asymmetric weights are not supported; mtpkit reads "
                               "symmetric ones")
-    codes = unpack(original + ".weight_packed", state[module + ".weight_packed"], bits, rows, width)
-    check_codes(original + ".weight_packed", codes, bits)
+    stored = check_packed(original + ".weight_packed", state[module + ".weight_packed"], bits, rows, width)
     groups = 1 if w["strategy"] == "channel" else width // int(w.get("group_size") or width)
     scale = state.get(module + ".weight_scale")
     if scale is None or tuple(scale.reshape(rows, -1).shape if scale.numel() == rows * groups else ()) != (rows, groups):
         got = "missing" if scale is None else f"of shape {tuple(scale.shape)}"
         raise CheckpointError(f"{original}.weight_scale is {got}; strategy {w['strategy']} of a ({rows}, {width}) "
                               f"weight needs ({rows}, {groups})")
-    return Weight(codes, np.ascontiguousarray(scale.float().numpy().reshape(rows, groups), np.float32), bits)
+    scales = np.ascontiguousarray(scale.float().numpy().reshape(rows, groups), np.float32)
+    return Weight(stored, scales, bits, "compressed", width)

@@ -19,7 +19,7 @@ import torch
 
 from mtpkit.errors import CheckpointError
 
-from .types import Lattice, Weight, check_codes, key, supported_bits
+from .types import Lattice, Weight, key, supported_bits
 
 FORMAT = "gemma"
 _SRQ = (".input_activation_scale", ".output_activation_scale")
@@ -46,8 +46,9 @@ def bits_of(qc: dict, module: str) -> int:
     return int(qc.get("num_bits", 4))
 
 
-def unpack(name: str, packed: torch.Tensor, bits: int, width: int) -> np.ndarray:
-    """int8 codes [rows, width] of a packed tensor, its shape and dtype checked against the config's width."""
+def check_packed(name: str, packed: torch.Tensor, bits: int, width: int) -> np.ndarray:
+    """A packed tensor's rows as stored (export/lattice/unpack.gemma), its dtype and row width checked against the
+    config's width."""
     per = 8 // bits
     want_dtype, want_cols = (torch.int8, width) if bits == 8 else (torch.uint8, -(-width // per))
     if packed.dtype != want_dtype or packed.dim() != 2 or packed.shape[1] != want_cols:
@@ -55,11 +56,7 @@ def unpack(name: str, packed: torch.Tensor, bits: int, width: int) -> np.ndarray
                               f"int{bits} codes of the config's {width}-wide rows are stored as "
                               f"{str(want_dtype).removeprefix('torch.')} (rows, {want_cols}); the checkpoint is "
                               "damaged or its quantization_config names other widths")
-    if bits == 8:
-        return packed.numpy().astype(np.int8)
-    u = packed.numpy()
-    parts = [((u >> (bits * i)) & ((1 << bits) - 1)).astype(np.int8) - (1 << (bits - 1)) for i in range(per)]
-    return np.stack(parts, axis=-1).reshape(len(u), -1)[:, :width]
+    return packed.numpy()
 
 
 def _scales(name: str, scale: torch.Tensor | None, rows: int, width: int, per_row_blocks: bool) -> np.ndarray:
@@ -85,8 +82,7 @@ def read(qc: dict, state: dict, expected: dict, prefix: str) -> tuple[dict, Latt
         kind = next((k for k in (_LINEAR, _TABLE) if name.endswith(k[1])), None)
         if kind is not None:
             module = name.removesuffix(kind[1])
-            weights[key(module)] = _packed(qc, state, module, expected, prefix, kind)
-            out[module + ".weight"] = torch.from_numpy(weights[key(module)].dequantized())
+            weights[key(module)] = out[module + ".weight"] = _packed(qc, state, module, expected, prefix, kind)
         elif name.endswith(_SRQ):
             _set_pair(activations, name, float(state[name].float().reshape(-1)[0]), name.endswith(_SRQ[0]))
         elif name.endswith(_KV):
@@ -124,13 +120,12 @@ def _packed(qc: dict, state: dict, module: str, expected: dict, prefix: str, kin
         raise CheckpointError(f"{module}{scale} has no {name} beside it; the checkpoint is damaged")
     rows, width = _shape(expected, module, name)
     bits = bits_of(qc, _original(module, prefix))
-    codes = unpack(_original(name, prefix), state[name], bits, width)
-    if codes.shape[0] != rows:
-        raise CheckpointError(f"{_original(name, prefix)} has {codes.shape[0]} rows; the config's "
+    stored = check_packed(_original(name, prefix), state[name], bits, width)
+    if stored.shape[0] != rows:
+        raise CheckpointError(f"{_original(name, prefix)} has {stored.shape[0]} rows; the config's "
                               f"{'table' if blocks else 'weight'} has {rows}")
-    check_codes(_original(name, prefix), codes, bits)
     scales = _scales(_original(module + scale, prefix), state[module + scale], rows, width, blocks)
-    return Weight(codes, scales, bits)
+    return Weight(stored, scales, bits, "gemma", width)
 
 
 def _original(name: str, prefix: str) -> str:

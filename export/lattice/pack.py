@@ -34,18 +34,30 @@ def nbits(weight: Weight, bits: int, block: int) -> tuple[np.ndarray, np.ndarray
     """(packed uint8 [n, blocks, block * bits / 8], scales float32 [n, blocks]): MatMulNBits' and
     GatherBlockQuantized's layout (code + 2^(bits-1), lowest bits first, the row zero-padded to whole blocks) of
     the checkpoint's codes at `bits` >= their own width; each block takes the scale of the group it lies in."""
-    codes, group = weight.codes, weight.group
-    n, k = codes.shape
+    group = weight.group
+    n, k = weight.shape
     if block % group and group % block:
         raise ValueError(f"block {block} and the checkpoint's group {group} do not nest")
     blocks = -(-k // block)
-    u = np.zeros((n, blocks * block), np.uint8)
-    u[:, :k] = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
-    u[:, k:] = 1 << (bits - 1)  # padding decodes to 0
-    u = u.reshape(n, blocks, block)
-    per = 8 // bits
-    packed = np.zeros((n, blocks, block // per), np.uint8)
-    for i in range(per):
-        packed |= u[..., i::per] << (bits * i)
+    packed = np.zeros((n, blocks, block * bits // 8), np.uint8)
+    step = max(1, _CHUNK // (blocks * block))
+    for start in range(0, n, step):  # a few rows unpacked at a time: a full-size table's codes are never whole
+        stop = min(start + step, n)
+        packed[start:stop] = _rows(weight.rows(start, stop), bits, blocks * block).reshape(stop - start, blocks, -1)
     starts = np.minimum(np.arange(blocks) * block // group, weight.scales.shape[1] - 1)
     return packed, np.ascontiguousarray(weight.scales[:, starts], np.float32)
+
+
+_CHUNK = 1 << 22  # codes packed at a time by nbits
+
+
+def _rows(codes: np.ndarray, bits: int, padded: int) -> np.ndarray:
+    """uint8 [rows, padded * bits / 8] of int8 codes [rows, k <= padded], the padding decoding to 0."""
+    rows, k = codes.shape
+    u = np.full((rows, padded), 1 << (bits - 1), np.uint8)
+    u[:, :k] = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
+    per = 8 // bits
+    out = np.zeros((rows, padded // per), np.uint8)
+    for i in range(per):
+        out |= u[:, i::per] << (bits * i)
+    return out

@@ -25,8 +25,9 @@ def format_of(qc: dict) -> str:
 
 
 def read(qc: dict, state: dict, expected: dict, prefix: str) -> tuple[dict, Lattice]:
-    """(float state, Lattice) of the tensors `state` (keys renamed from `prefix` to "model."); `expected`: the
-    model's parameter shapes by the same keys, which every packed tensor must agree with."""
+    """(state, Lattice) of the tensors `state` (keys renamed from `prefix` to "model."), the state's quantized
+    weights as their Weight (export/lattice.read dequantizes them); `expected`: the model's parameter shapes by
+    the same keys, which every packed tensor must agree with."""
     format_of(qc)
     return READERS[qc["quant_method"]].read(qc, state, expected, prefix)
 

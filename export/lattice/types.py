@@ -7,10 +7,16 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mtpkit.errors import CheckpointError
+
+from .unpack import LAYOUTS
+
+if TYPE_CHECKING:
+    import torch
 
 BITS = (2, 4, 8)  # the widths every backend writes exactly (export/lattice: supported())
 
@@ -18,31 +24,72 @@ BITS = (2, 4, 8)  # the widths every backend writes exactly (export/lattice: sup
 @dataclasses.dataclass(frozen=True)
 class Weight:
     """One quantized weight as the checkpoint holds it: codes [out, in] in -2^(bits-1)..2^(bits-1)-1 and float32
-    scales [out, groups] (one group per row: per channel), value = code * scale of the code's group."""
+    scales [out, groups] (one group per row: per channel), value = code * scale of the code's group. The codes stay
+    in the checkpoint's own packing (`layout`, export/lattice/unpack.py) and are unpacked by rows (`rows`), so a
+    full-size table costs its packed bytes only."""
 
-    codes: np.ndarray  # int8 [out, in]
+    stored: np.ndarray  # [out, *]: int8 codes ("codes") or the checkpoint's packed rows
     scales: np.ndarray  # float32 [out, groups]
     bits: int
+    layout: str = "codes"  # unpack.LAYOUTS: "codes", "gemma" (uint8), "compressed" (int32 words)
+    width: int = 0  # input channels; 0: the stored row's (layout "codes")
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS or len(self.stored) != len(self.scales) or self.shape[1] % self.groups:
+            raise ValueError(f"a {self.layout} weight {self.stored.shape} with scales {self.scales.shape}")
+        if self.layout == "codes" and self.bits < 8:  # packed fields decode into range by construction
+            check_codes("codes", self.stored, self.bits)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out, in) of the float weight."""
+        return len(self.stored), self.width or self.stored.shape[1]
 
     @property
     def group(self) -> int:
         """Input channels per scale (the row's width: per channel)."""
-        return self.codes.shape[1] // self.scales.shape[1]
+        return self.shape[1] // self.groups
 
     @property
     def groups(self) -> int:
         """Scales per row (1: per channel)."""
         return self.scales.shape[1]
 
-    def dequantized(self) -> np.ndarray:
-        """float32 [out, in], as transformers computes it (int x float32 scale)."""
-        n, k = self.codes.shape
-        return (self.codes.reshape(n, -1, self.group).astype(np.float32) * self.scales[..., None]).reshape(n, k)
+    @property
+    def codes(self) -> np.ndarray:
+        """int8 codes [out, in], every row unpacked on each call (small weights and tests; the export reads rows)."""
+        return self.rows(0, self.shape[0])
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """int8 codes [stop - start, in] of rows start..stop, only those unpacked."""
+        return LAYOUTS[self.layout](self.stored[start:stop], self.bits, self.shape[1])
+
+    def dequantized(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """float32 [rows, in] of rows start..stop (default all), as transformers computes it (int x float32 scale)."""
+        stop = self.shape[0] if stop is None else stop
+        n, k = stop - start, self.shape[1]
+        codes = self.rows(start, stop).reshape(n, -1, self.group)
+        return (codes.astype(np.float32) * self.scales[start:stop, :, None]).reshape(n, k)
+
+    def tensor(self, dtype) -> torch.Tensor:
+        """The dequantized weight as a torch tensor of `dtype`, filled a few rows at a time: never a float32 copy
+        of a whole table."""
+        import torch
+
+        n, k = self.shape
+        out = torch.empty((n, k), dtype=dtype)
+        step = max(1, _CHUNK // max(k, 1))
+        for start in range(0, n, step):
+            out[start:start + step] = torch.from_numpy(self.dequantized(start, min(start + step, n)))
+        return out
 
     def label(self) -> str:
         """How the manifest records the weight: "int2/checkpoint/channel", "int4/checkpoint/g32"."""
         how = "channel" if self.scales.shape[1] == 1 else f"g{self.group}"
         return f"int{self.bits}/checkpoint/{how}"
+
+
+_CHUNK = 1 << 22  # values dequantized at a time by Weight.tensor: 16 MB of float32
 
 
 @dataclasses.dataclass(frozen=True)

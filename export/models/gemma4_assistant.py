@@ -58,7 +58,8 @@ def load(source: Source) -> nn.Module:
     with torch.device("meta"):
         model = Gemma4AssistantForCausalLM(config)
     state = load_tensors(source.folder, "", "")
-    state, found = lattice.read(source.config, state, "", {k: tuple(v.shape) for k, v in model.state_dict().items()})
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state, found = lattice.read(source.config, state, "", shapes, torch.float32)
     assign_state(model, state, "drafter", source.folder)
     text = model.model
     text.rotary_emb = type(text.rotary_emb)(text.config)

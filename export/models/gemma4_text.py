@@ -68,7 +68,8 @@ def load(source: Source, dtype: str = "fp32") -> nn.Module:
 
     Args:
         dtype: what the weights are held in: fp32 | bf16 | fp16, or auto (the checkpoint's own dtype, when all
-            its text weights share one, else fp32). Buffers stay fp32; run PyTorch under fp32_compute(model).
+            its text weights share one, else fp32; a pre-quantized checkpoint's weights take its float tensors'
+            dtype). Buffers stay fp32; run PyTorch under fp32_compute(model).
     """
     from transformers import Gemma4ForCausalLM
 
@@ -76,7 +77,8 @@ def load(source: Source, dtype: str = "fp32") -> nn.Module:
     with torch.device("meta"):
         model = Gemma4ForCausalLM(config)
     state = load_tensors(source.folder, weight_prefix(source), "model.")
-    state, found = lattice.read(source.config, state, weight_prefix(source), _shapes(model))
+    asked = None if dtype == "auto" else DTYPES.get(dtype, torch.float32)  # quantized weights dequantize into it
+    state, found = lattice.read(source.config, state, weight_prefix(source), _shapes(model), asked)
     stored = {t.dtype for t in state.values() if t.is_floating_point()}
     held = next(iter(stored)) if dtype == "auto" and len(stored) == 1 else DTYPES.get(dtype, torch.float32)
     _load_state(model, state, source)

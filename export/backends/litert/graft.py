@@ -166,7 +166,7 @@ class Encoding:
     def _lattice(self, start: int, count: int) -> tuple[bytes, np.ndarray]:
         """The checkpoint's codes of rows start.. as this kind stores them, and their scales (per row, or per block:
         float16 for blockwise int4, exact only where the checkpoint's scales are)."""
-        codes = self.lattice.codes[start:start + count]
+        codes = self.lattice.rows(start, start + count)
         scales = self.lattice.scales[start:start + count]
         per_row = scales[:, 0].astype(np.float32)
         if self.kind == "int8":

@@ -131,15 +131,13 @@ class LatticeSource:
 
     def shape(self, name: str) -> tuple:
         k = self.resolve(name)
-        return tuple(self._weight(k).codes.shape) if self.where[k] is None else self.inner.shape(k)
+        return self._weight(k).shape if self.where[k] is None else self.inner.shape(k)
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         k = self.resolve(name)
         if self.where[k] is not None:
             return self.inner.rows(k, start, stop)
-        w = self._weight(k)
-        codes = w.codes[start:stop].reshape(stop - start, -1, w.group).astype(np.float32)
-        return (codes * w.scales[start:stop, :, None]).reshape(stop - start, -1)
+        return self._weight(k).dequantized(start, stop)
 
     def _weight(self, k: str):
         return self.lattice.weights[k.removesuffix(".weight")]

@@ -215,8 +215,8 @@ def _lattice_packed(tensor, weight, channel_block: int) -> _Packed | None:
     """The checkpoint's codes of a MatMul weight (B is W^T: [in, out]), refused by name when they do not fit it."""
     if weight is None:
         return None
-    if tuple(weight.codes.shape[::-1]) != tuple(tensor.shape):
-        raise ValueError(f"the checkpoint's codes {weight.codes.shape} do not fit the graph weight {tensor.shape}")
+    if tuple(weight.shape[::-1]) != tuple(tensor.shape):
+        raise ValueError(f"the checkpoint's codes {weight.shape} do not fit the graph weight {tensor.shape}")
     return _Packed(tensor, pack.widen(weight.bits, pack.ONNX_BITS), pack.onnx_block(weight, channel_block),
                    lattice=weight)
 
