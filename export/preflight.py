@@ -109,7 +109,7 @@ class Weights:
 def read_weights(target: Source, drafter: Source) -> Weights:
     """Count from the headers only: the same prefixes the model adapters load (export/models/)."""
     adapter = target_adapter(target)
-    prefix, headers = adapter.weight_prefix(target), tensor_headers(target.folder)
+    prefix, headers = adapter.weight_prefix(target), _as_loaded(target.config, tensor_headers(target.folder))
     t = {k: _size(k, v, target.folder) for k, v in headers.items() if k.startswith(prefix)}
     compensated = [v["shape"][-1] for k, v in headers.items() if k.startswith(prefix) and len(v["shape"]) == 2
                    and any(c in k for c in adapter.INT4_COMPENSATE)]
@@ -119,6 +119,20 @@ def read_weights(target: Source, drafter: Source) -> Weights:
     return Weights(target=elements(t), drafter=elements(d), ple=elements(t, "embed_tokens_per_layer.weight"),
                    converted=sum(n * b for n, b in (*t.values(), *d.values()) if b != 4),
                    stored=dtypes.pop() if len(dtypes) == 1 else "mixed", moments=sum(4 * k * k for k in compensated))
+
+
+def _as_loaded(config: dict, headers: dict) -> dict:
+    """A pre-quantized checkpoint's headers as the loaded model holds them: each packed weight at its float shape,
+    in the dtype of the checkpoint's float tensors (what --dtype auto holds it in), scales left out."""
+    from .lattice import planned
+
+    loaded, lattice = planned.headers(config, headers)
+    if lattice is None:
+        return headers
+    stored = {k: headers[k]["dtype"] for k in loaded if k in headers and headers[k]["dtype"] in STORED}
+    floats = set(stored.values())
+    dtype = floats.pop() if len(floats) == 1 else "F32"
+    return {k: h if k in stored else {**h, "dtype": dtype} for k, h in loaded.items()}
 
 
 def _size(name: str, entry, folder: Path) -> tuple[int, int]:

@@ -180,7 +180,7 @@ def _onnx_codes(path):
     return found
 
 
-def _litert_codes(path):
+def _litert_codes(path, lattice=None):
     """weight name -> (codes, per-input-channel scales) of every quantized weight of a .tflite, decoded."""
     from ai_edge_litert import schema_py_generated as schema
 
@@ -207,6 +207,30 @@ def _litert_codes(path):
             else:
                 scales = np.repeat(np.asarray(q.scale, np.float32)[:, None], width, 1)
             found[name] = (codes, scales)
+    if lattice is not None:
+        found.update(_packed_tables(raw, model, lattice))
+    return found
+
+
+def _packed_tables(raw, model, lattice):
+    """The embedders' packed tables (uint8 bytes, code + 2^(bits-1), the first value lowest; float32 scales in
+    the tensor beside): table name -> (codes, per-column scales), decoded with the checkpoint's bits and width."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    tensors = {t.name.decode(): t for sg in model.subgraphs for t in sg.tensors}
+    found = {}
+    for name, t in tensors.items():
+        if not name.endswith(".embedding_quantized") or t.type != schema.TensorType.UINT8:
+            continue
+        table = name.replace(".embedding_quantized", ".weight")
+        bits, width = lattice.weight(table).bits, lattice.weight(table).shape[1]
+        buf, sb = model.buffers[t.buffer], model.buffers[tensors[name.replace("_quantized", "_scale")].buffer]
+        rows = int(t.shape[0])
+        data = np.frombuffer(raw, np.uint8, count=buf.size, offset=buf.offset).reshape(rows, -1)
+        scales = np.frombuffer(raw, np.float32, count=sb.size // 4, offset=sb.offset).reshape(rows, -1)
+        u = np.stack([(data >> (bits * i)) & ((1 << bits) - 1) for i in range(8 // bits)], -1).reshape(rows, -1)
+        found[table] = (u[:, :width].astype(np.int16) - (1 << (bits - 1)),
+                        np.repeat(scales, width // scales.shape[1], 1))
     return found
 
 
@@ -231,7 +255,7 @@ def test_every_graph_weight_holds_the_checkpoints_codes_and_scales(qat_export, b
         found = {}
         for g in graphs if backend == "litert" else graphs[:1]:
             path = out / files[g]["file"]
-            found.update(_onnx_codes(path) if backend == "onnx" else _litert_codes(path))
+            found.update(_onnx_codes(path) if backend == "onnx" else _litert_codes(path, lattice))
         checked = set()
         for name, (codes, scales) in found.items():
             weight = lattice.weight(name)
@@ -295,3 +319,15 @@ def test_dry_run_plans_the_checkpoint_export(qat_export, tmp_path):
     off = {name: (planned, written) for name, (planned, written) in sizes.items()
            if abs(planned - written) > 0.03 * written}
     assert not off, off
+
+
+def test_preflight_counts_a_pre_quantized_target_as_it_loads(qat_pairs, tiny_checkpoints):
+    """The memory preflight reads a packed checkpoint's weights at their float shapes and in its float tensors'
+    dtype (what --dtype auto holds them in): the same count as the float checkpoint it was snapped from."""
+    from mtpkit.export import preflight
+    from mtpkit.export.checkpoint import resolve
+
+    packed = preflight.read_weights(*(resolve(str(p), s) for p, s in zip(qat_pairs("gemma"), ("target", "drafter"))))
+    plain = preflight.read_weights(*(resolve(str(p), s) for p, s in
+                                     zip(tiny_checkpoints("e2b_text_kv_eq"), ("target", "drafter"))))
+    assert (packed.target, packed.ple, packed.stored) == (plain.target, plain.ple, plain.stored)

@@ -134,20 +134,34 @@ def weight_prefix(source: Source) -> str:
 def export_hf_checkpoint(target_dir: Path, dst: Path) -> Path:
     """The checkpoint folder litert-torch's export_hf converts: a gemma4 (Gemma4ForConditionalGeneration) view of a
     gemma4_text checkpoint's config and tokenizer written to dst (no weights: export_hf builds the model on the meta
-    device), or target_dir unchanged.
+    device), or target_dir unchanged; a pre-quantized checkpoint's view leaves out its quantization_config.
 
     export_hf only takes the external-embedder path LiteRT-LM's MTP needs (embedder + per_layer_embedder,
     embeddings inputs) for model_type gemma4; Gemma4ForCausalLM checkpoints get token inputs instead.
     """
-    config = json.loads((target_dir / "config.json").read_text())
+    original = json.loads((target_dir / "config.json").read_text())
+    # export_hf (litert-torch 0.10.0) refuses a quantization_config; it reads no weight (a lattice's are grafted)
+    config = _without_quantization(original)
     if config.get("model_type") != "gemma4_text":
-        return target_dir
-    dst.mkdir(parents=True)
+        return target_dir if config == original else _config_view(target_dir, dst, config)
     top = {k: config[k] for k in ("pad_token_id", "eos_token_id", "bos_token_id") if k in config}
     wrapped = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": config,
                "vision_config": None, "audio_config": None,
                "tie_word_embeddings": config.get("tie_word_embeddings", True), **top}
-    (dst / "config.json").write_text(json.dumps(wrapped, indent=2))
+    return _config_view(target_dir, dst, wrapped)
+
+
+def _without_quantization(config: dict) -> dict:
+    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
+    return config
+
+
+def _config_view(target_dir: Path, dst: Path, config: dict) -> Path:
+    """dst holding `config` and target_dir's tokenizer and side files (no weights)."""
+    dst.mkdir(parents=True)
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
     for name in HF_SIDE_FILES:
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, dst / name)

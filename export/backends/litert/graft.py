@@ -25,6 +25,8 @@ import numpy as np
 
 from ... import int4
 from ...progress import progress
+from . import tables
+from .tables import packed_width
 
 WEIGHT = "w:"  # name prefix of every grafted weight tensor: "w:" + the module's parameter name
 _INPUT = "mtpkit_weight_"  # the signature-input names the converter sees
@@ -35,6 +37,7 @@ INT8_SCALE, INT8_ZERO_POINT = np.dtype(np.float32), np.dtype(np.int64)
 # encodings whose scales are QuantizationParameters (per row, at each place); int4c: int4 with one float32 scale per
 # row, how a checkpoint's own per-channel int4 scales stay exact (int4's blockwise scales are float16)
 PER_CHANNEL = ("int8", "int2", "int4c")
+GATHER = ("GATHER_ND", 0)  # how the embedders read a packed table's bytes (tables.py)
 _ROWS_BYTES = 16 << 20  # rows read and encoded per step: each encoding holds a few temporaries of this size
 
 
@@ -86,7 +89,9 @@ class WeightInputs:
 
         WeightsAsInputs.__module__ = TENSOR_NAME_SCOPE
 
-        samples = {k: torch.empty(shape, dtype=torch.float32) for k, (_, shape) in mine.items()}
+        dtypes = {k: chosen[name].dtype if not chosen[name].is_floating_point() else torch.float32
+                  for k, (name, _) in mine.items()}  # a packed table's bytes stay uint8 (tables.py)
+        samples = {k: torch.empty(shape, dtype=dtypes[k]) for k, (_, shape) in mine.items()}
         # export_hf makes its samples on the parameters' device, meta here; tracing wants them beside the weights
         given = torch.utils._pytree.tree_map_only(
             torch.Tensor, lambda v: torch.ones(v.shape, dtype=v.dtype) if v.is_meta else v, sample_kwargs)
@@ -115,7 +120,10 @@ class WeightInputs:
 
 @dataclasses.dataclass(frozen=True)
 class Encoding:
-    kind: str  # float32 | float16 | int8 | int4 | int2 (one float32 scale per row: XNNPACK has no 2-bit blocks)
+    # float32 | float16 | int8 | int4 | int2 (one float32 scale per row: XNNPACK has no 2-bit blocks) | int4c |
+    # uint8 (bytes as they are: a checkpoint's packed table, tables.py) | packed (the size plan's view of such a
+    # table: its packed bytes and float32 scales, two tensors)
+    kind: str
     block: int = 0  # int4 only
     # int4 / int2: scales searched per block or row (export/int4.py), weighted by this importance ([k], or [k, k]:
     # GPTQ)
@@ -126,10 +134,14 @@ class Encoding:
 
     def data_bytes(self, shape) -> int:
         n = int(np.prod(shape))
+        if self.kind == "packed":
+            return shape[0] * packed_width(shape[1], self.lattice.bits)
         return {"float32": 4 * n, "float16": 2 * n, "int8": n, "int4": (n + 1) // 2, "int4c": (n + 1) // 2,
-                "int2": (n + 3) // 4}[self.kind]
+                "int2": (n + 3) // 4, "uint8": n}[self.kind]
 
     def scale_bytes(self, shape) -> int:
+        if self.kind == "packed":
+            return 4 * shape[0] * self.lattice.groups
         return 2 * shape[0] * (shape[1] // self.block) if self.kind == "int4" else 0
 
     def params_bytes(self, shape) -> int:
@@ -145,6 +157,8 @@ class Encoding:
             return np.ascontiguousarray(rows, np.float32).tobytes(), None
         if self.kind == "float16":
             return rows.astype(np.float16).tobytes(), None
+        if self.kind == "uint8":
+            return np.ascontiguousarray(rows, np.uint8).tobytes(), None
         if self.kind == "int8":  # ai-edge-quantizer's symmetric channelwise rule (zero rows: scale 1e-9/127)
             scale = np.maximum(np.abs(rows).max(axis=1), 1e-9).astype(np.float32) / np.float32(127)
             q = np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8)
@@ -166,6 +180,8 @@ class Encoding:
     def _lattice(self, start: int, count: int) -> tuple[bytes, np.ndarray]:
         """The checkpoint's codes of rows start.. as this kind stores them, and their scales (per row, or per block:
         float16 for blockwise int4, exact only where the checkpoint's scales are)."""
+        if self.kind == "uint8":
+            return tables.packed_rows(self.lattice, start, start + count).tobytes(), None
         codes = self.lattice.rows(start, start + count)
         scales = self.lattice.scales[start:start + count]
         per_row = scales[:, 0].astype(np.float32)
@@ -185,11 +201,14 @@ class Encoding:
 
 def lattice_encoding(weight, shape: tuple, uses: set, lookup: tuple) -> "Encoding":
     """--quant checkpoint: a weight's encoding that writes the checkpoint's codes exactly (export/lattice): per row
-    int8 / int2 / int4c with float32 scales, groups as int4 blocks (their float16 scales); a table read by lookups
-    (EMBEDDING_LOOKUP takes no per-channel 2- or 4-bit table) at int8, which holds the codes exactly; a weight the
+    int8 / int2 / int4c with float32 scales, groups as int4 blocks (their float16 scales); a 2- or 4-bit table
+    the embedders read gathered from its packed bytes with float32 scales (tables.py: "packed" in the size plan,
+    its bytes "uint8" in the graph, read by GATHER), an 8-bit one by EMBEDDING_LOOKUP at int8; a weight the
     checkpoint keeps float stays float32."""
     if weight is None:
         return Encoding("float32")
+    if tables.packed(weight) and uses & {lookup, GATHER}:
+        return Encoding("packed" if lookup in uses else "uint8", lattice=weight)
     per_row = weight.groups == 1
     if weight.bits == 8 or uses & {lookup} and per_row:
         return Encoding("int8", lattice=weight)
@@ -298,8 +317,16 @@ def graft(skeleton: bytes | Path, out: Path, source, choose: Callable[[str, tupl
         if tuple(source.shape(name)) != shape and int(np.prod(source.shape(name))) != int(np.prod(shape)):
             raise ValueError(f"weight {name}: the graph wants shape {shape}, the source has {source.shape(name)}")
         enc = choose(name, shape, uses[name])
+        if _integer(model, places[0]) and enc.kind != "uint8":
+            enc = Encoding("uint8")  # a packed table's bytes (tables.py): written as they are in every pass
         plan.append(_place(model, name, places, shape, enc))
     return _write(model, plan, source, Path(out))
+
+
+def _integer(model, place: tuple[int, int]) -> bool:
+    from ai_edge_litert import schema_py_generated as schema
+
+    return model.subgraphs[place[0]].tensors[place[1]].type == schema.TensorType.UINT8
 
 
 def _new_buffer(model) -> int:
@@ -319,7 +346,7 @@ def _place(model, name, places, shape, enc: Encoding) -> dict:
     quants = []
     types = {"float32": schema.TensorType.FLOAT32, "float16": schema.TensorType.FLOAT16,
              "int8": schema.TensorType.INT8, "int4": schema.TensorType.INT4, "int4c": schema.TensorType.INT4,
-             "int2": schema.TensorType.INT2}
+             "int2": schema.TensorType.INT2, "uint8": schema.TensorType.UINT8}
     for g, t in places:
         sg = model.subgraphs[g]
         tensor = sg.tensors[t]

@@ -13,7 +13,7 @@ from mtpkit.runtime.manifest import Backend, GraphFile, LiteRtOptions, Signature
 
 from ...scoped import gemma4_layer_types_in_order, insertion_ordered_sets, output_captured, patched
 from .. import ExportJob
-from . import graft
+from . import graft, tables
 from .describe import describe
 from .drafter import export_drafter
 from .patches import import_export_hf, litert_workarounds
@@ -115,7 +115,8 @@ def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path:
 
     weights = graft.WeightInputs(buffer_kept=kept)
     rounding = _static_rounding(lattice) if lattice is not None and lattice.activations else contextlib.nullcontext()
-    with _bundle_with_drafter(drafter_path), rounding, weights.converting(), \
+    packed = tables.packed_tables(lattice) if lattice is not None else contextlib.nullcontext()
+    with _bundle_with_drafter(drafter_path), rounding, packed, weights.converting(), \
             _grafted_after_packaging(weights, source), weights_loader.init_params_on_meta():
         hf.export.export(model=str(checkpoint), output_dir=str(work), keep_temporary_files=True,
                          prefill_lengths=[prefill_len], cache_length=cache_len, quantization_recipe="none",

@@ -95,7 +95,7 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
     choose, tables = encoding_for(recipe, name, block_size, ple_bits, plan), []
 
     def noted(weight: str, shape: tuple, uses: set) -> Encoding:  # the lookup tables, named in the manifest with their storage
-        if uses == {LOOKUP}:
+        if uses and uses <= {LOOKUP, ("GATHER_ND", 0)}:  # EMBEDDING_LOOKUP, or a packed table's GATHER (tables.py)
             tables.append(weight)
         return choose(weight, shape, uses)
 
@@ -128,6 +128,7 @@ def graph_recipe(recipe: Recipe, graph: str, ple_bits: int) -> Recipe:
 LOOKUP = ("EMBEDDING_LOOKUP", 1)  # a table's use: (op, input) of the ids' rows
 WEIGHT_OPS_FC = ("FULLY_CONNECTED", 1)
 WEIGHT_OPS = {WEIGHT_OPS_FC, LOOKUP}  # (op, input) pairs that read a weight
+LATTICE_OPS = WEIGHT_OPS | {("GATHER_ND", 0)}  # and a checkpoint's packed table (tables.py)
 
 # The (op, input) that reads a weight in the LiteRT graphs for each use a model adapter declares (export/models
 # stored_in): the size plan asks encoding_for about a weight it has not converted yet through these
@@ -148,10 +149,10 @@ def encoding_for(recipe: Recipe, graph: str, block_size: int, ple_bits: int, pla
     from .graft import Encoding, channel_block, int4_block, lattice_encoding
 
     def choose(name: str, shape: tuple, uses: set) -> Encoding:
+        if plan is not None and plan.lattice is not None and len(shape) == 2 and uses and uses <= LATTICE_OPS:
+            return lattice_encoding(plan.lattice.weight(name), shape, uses, LOOKUP)
         if len(shape) != 2 or not uses or not uses <= WEIGHT_OPS or not recipe.quantized:
             return Encoding("float32")
-        if plan is not None and plan.lattice is not None:
-            return lattice_encoding(plan.lattice.weight(name), shape, uses, LOOKUP)
         if recipe.litert == "fp16":
             return Encoding("float16")
         bits = 8 if recipe.litert == "int8" else 4

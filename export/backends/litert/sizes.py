@@ -34,7 +34,8 @@ DRAFTER_PER_LAYER_SIGNATURE = 16178
 SELECT_PER_SIGNATURE = 2740
 # flatbuffer bytes a quantized weight adds at each place that reads it, beyond Encoding.params_bytes: int4's
 # scales tensor, float16's DEQUANTIZE op and its float32 output tensor, int8's vectors (see the docstring)
-PLACE_BYTES = {"float32": 0, "float16": 140, "int8": 31, "int4": 150, "int2": 31, "int4c": 31}  # int4c: per-row parameters, as int8 and int2
+PLACE_BYTES = {"float32": 0, "float16": 140, "int8": 31, "int4": 150, "int2": 31, "int4c": 31, "uint8": 0,
+               "packed": 0}  # int4c: per-row parameters, as int8 and int2
 BLOCK = 16 << 10  # litert-lm-builder's section alignment (litertlm_core.BLOCK_SIZE)
 METADATA_FIXED = 350  # LlmMetadata beyond its chat template (start / stop tokens, channels)
 EXECUTOR_PER_CACHE = 66  # ExecutorMetadata: one entry per K and per V cache

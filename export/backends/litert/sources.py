@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import tables
 from .graft import WEIGHT
 
 # ---- weight sources: rows of a named weight, as float32 ----
@@ -65,6 +66,9 @@ class SafetensorsSource:
         return values.astype(np.float32, copy=False).reshape((stop - start, *shape[1:]) if shape else ())
 
 
+_GRAFTED = {0: np.float32, 3: np.uint8}  # TensorType FLOAT32, UINT8 (a packed table's bytes): what a graft reads back
+
+
 class GraftedSource:
     """The float32 weights of a grafted file, read from its memory map (re-encoding float -> int8 / int4)."""
 
@@ -74,9 +78,9 @@ class GraftedSource:
         for sg in model.subgraphs:
             for t in sg.tensors:
                 name = t.name.decode()
-                if name.startswith(WEIGHT) and t.type == 0:  # FLOAT32
+                if name.startswith(WEIGHT) and t.type in _GRAFTED:
                     buf = model.buffers[t.buffer]
-                    self.found[name[len(WEIGHT):]] = (buf.offset, tuple(int(x) for x in t.shape))
+                    self.found[name[len(WEIGHT):]] = (buf.offset, tuple(int(x) for x in t.shape), _GRAFTED[t.type])
 
     def shape(self, name: str) -> tuple:
         return self.found[name][1]
@@ -86,11 +90,12 @@ class GraftedSource:
 
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        offset, shape = self.found[name]
+        offset, shape, dtype = self.found[name]
         width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
         count = (stop - start) * width if shape else 1
-        raw = os.pread(self.fd, 4 * count, offset + 4 * start * width)  # a read, not the map: RSS stays flat
-        return np.frombuffer(raw, np.float32).reshape((stop - start, *shape[1:]) if shape else ())
+        size = np.dtype(dtype).itemsize
+        raw = os.pread(self.fd, size * count, offset + size * start * width)  # a read, not the map: RSS stays flat
+        return np.frombuffer(raw, dtype).reshape((stop - start, *shape[1:]) if shape else ())
 
 
 def checkpoint_resolver(keys) -> Callable[[str], str]:
@@ -126,15 +131,27 @@ class LatticeSource:
         self.where: dict[str, tuple | None] = {k: v for k, v in inner.where.items()
                                               if v[1] in _FLOATS or key(k) not in lattice.weights}
         self.where.update({k + ".weight": None for k in lattice.weights if k not in floats})
+        # a packed table's two tensors (tables.py) -> (its key, which)
+        self.packed = {f"{k}.{part}": (k, part) for k, w in lattice.weights.items() if tables.packed(w)
+                       for part in (tables.PACKED, tables.SCALES)}
+        self.where = {k: v for k, v in self.where.items()  # the checkpoint's own copies: served from the lattice
+                      if not any(k.endswith("." + p) for p in self.packed)}
+        self.where.update(dict.fromkeys(self.packed))
         self.resolve: Callable[[str], str] = lambda name: name
         inner.resolve = lambda name: name  # given resolved keys
 
     def shape(self, name: str) -> tuple:
         k = self.resolve(name)
+        if k in self.packed:
+            w, part = self.lattice.weights[self.packed[k][0]], self.packed[k][1]
+            return (w.shape[0], tables.packed_width(w.shape[1], w.bits) if part == tables.PACKED else w.groups)
         return self._weight(k).shape if self.where[k] is None else self.inner.shape(k)
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         k = self.resolve(name)
+        if k in self.packed:
+            w, part = self.lattice.weights[self.packed[k][0]], self.packed[k][1]
+            return tables.packed_rows(w, start, stop) if part == tables.PACKED else w.scales[start:stop]
         if self.where[k] is not None:
             return self.inner.rows(k, start, stop)
         return self._weight(k).dequantized(start, stop)
