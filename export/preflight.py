@@ -67,6 +67,7 @@ QUANTIZED_RESIDUE = 0.3
 # Uncapped, E4B's float graph check holds the 16 GB float decoder beside the checkpoint's last pages (22.3 GiB,
 # docs/scale-bench.md).
 RESIDENT_SHARE = 0.85
+INTEGER_DTYPES = ("U8", "I8", "I32")  # what the pre-quantized formats pack their codes in (export/lattice)
 ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                  "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -92,6 +93,7 @@ class Weights:
     converted: int  # stored bytes of tensors not already fp32: alive beside their fp32 copies while loading
     stored: str = "fp32"  # the target's weights' dtype in the files (fp32 | bf16 | fp16), "mixed" otherwise
     moments: int = 0  # int4 calibration's float32 mean x x^T of each weight the adapter compensates (INT4_COMPENSATE)
+    packed: int = 0  # a pre-quantized target's packed codes: held beside its dequantized (anonymous) weights throughout
 
     @property
     def fp32(self) -> int:
@@ -102,14 +104,24 @@ class Weights:
         return HELD_BYTES[dtype] * self.target + 4 * self.drafter
 
     def load_extra(self, dtype: str) -> int:
-        """Stored bytes alive beside their converted copies while loading: none when held as stored."""
-        return 0 if dtype == self.stored else self.converted
+        """Stored bytes alive beside their converted copies while loading: none when held as stored, or when a
+        pre-quantized target's codes dequantize into the held dtype (a few rows at a time)."""
+        return 0 if dtype == self.stored or self.packed else self.converted
+
+    def anonymous_held(self, dtype: str) -> int:
+        """The held weights' anonymous bytes: a converted copy, or a pre-quantized target's dequantized weights and
+        its codes; none for weights held as stored (they stay mapped)."""
+        return self.held(dtype) + self.packed if dtype != self.stored or self.packed else 0
 
 
 def read_weights(target: Source, drafter: Source) -> Weights:
     """Count from the headers only: the same prefixes the model adapters load (export/models/)."""
     adapter = target_adapter(target)
-    prefix, headers = adapter.weight_prefix(target), _as_loaded(target.config, tensor_headers(target.folder))
+    stored_headers = tensor_headers(target.folder)
+    prefix, headers = adapter.weight_prefix(target), _as_loaded(target.config, stored_headers)
+    packed = 0 if headers is stored_headers else sum(  # the codes: a packed checkpoint's integer tensors
+        math.prod(v["shape"]) * ELEMENT_BYTES[v["dtype"]] for k, v in stored_headers.items()
+        if k.startswith(prefix) and v.get("dtype") in INTEGER_DTYPES)
     t = {k: _size(k, v, target.folder) for k, v in headers.items() if k.startswith(prefix)}
     compensated = [v["shape"][-1] for k, v in headers.items() if k.startswith(prefix) and len(v["shape"]) == 2
                    and any(c in k for c in adapter.INT4_COMPENSATE)]
@@ -118,7 +130,8 @@ def read_weights(target: Source, drafter: Source) -> Weights:
     dtypes = {STORED.get(v["dtype"], "mixed") for k, v in headers.items() if k.startswith(prefix)}
     return Weights(target=elements(t), drafter=elements(d), ple=elements(t, "embed_tokens_per_layer.weight"),
                    converted=sum(n * b for n, b in (*t.values(), *d.values()) if b != 4),
-                   stored=dtypes.pop() if len(dtypes) == 1 else "mixed", moments=sum(4 * k * k for k in compensated))
+                   stored=dtypes.pop() if len(dtypes) == 1 else "mixed", moments=sum(4 * k * k for k in compensated),
+                   packed=packed)
 
 
 def _as_loaded(config: dict, headers: dict) -> dict:
@@ -157,7 +170,7 @@ def phases(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     weights held in dtype (fp32 | bf16 | fp16)."""
     mems = {kind: memory(kind) for kind in cfg.backend}
     # before the graphs phases, the lightest backend's modules: each imports its own in its phase (litert-torch)
-    base, held = min(m.base for m in mems.values()), w.held(dtype)
+    base, held = min(m.base for m in mems.values()), w.held(dtype) + w.packed
     out = {"load": int(base + held + w.load_extra(dtype))}
     for kind, m in mems.items():
         out[f"{kind} graphs"] = int(max(base, m.base) + held + w.fp32 * m.graphs)
@@ -184,7 +197,7 @@ def anonymous(cfg, w: Weights, dtype: str = "fp32") -> dict[str, int]:
     fit = memory(cfg.backend[0]) if len(cfg.backend) == 1 else None
     if fit is None or fit.anonymous is None or not all(map(fit.measured, cfg.recipes.values())):
         return rss
-    held = w.held(dtype) if dtype != w.stored else 0  # a converted copy; held as stored it stays mapped
+    held = w.anonymous_held(dtype)
     out = {}
     for name in rss:
         fixed, growth = fit.anonymous[name]

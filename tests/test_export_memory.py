@@ -372,3 +372,14 @@ def test_a_phase_holds_its_resident_set_near_the_cap_by_handing_back_mapped_page
         pytest.skip("this kernel has no MADV_PAGEOUT")
     assert total == int(data.sum())
     assert entry["peak_rss_mb"] * (1 << 20) < cap + (48 << 20)  # 96 MiB read, the resident set stayed near the cap
+
+
+def test_a_pre_quantized_targets_dequantized_weights_and_codes_count_as_anonymous():
+    """Held as stored, a float checkpoint's weights stay mapped; a pre-quantized one's are dequantized copies, and
+    its codes stay beside them: both count in every phase's anonymous peak, and nothing more while loading."""
+    plain = _weights(1, stored_bf16=True)
+    packed = dataclasses.replace(plain, packed=2 << 30)
+    assert packed.anonymous_held("bf16") == packed.held("bf16") + (2 << 30) and plain.anonymous_held("bf16") == 0
+    assert packed.load_extra("bf16") == packed.load_extra("fp32") == 0
+    resident = (preflight.phases(_plan(), w, "bf16") for w in (plain, packed))
+    assert all(b - a == 2 << 30 for a, b in zip(*(r.values() for r in resident)))
