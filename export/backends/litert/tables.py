@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 PACKED, SCALES = "embedding_quantized", "embedding_scale"
-PACKED_BITS = (2, 4)  # a table at 8 bits stays an int8 EMBEDDING_LOOKUP (graft.lattice_encoding), exact as it is
+PACKED_BITS = (2, 4)  # a table at 8 bits stays an int8 EMBEDDING_LOOKUP (encodings.lattice_encoding), exact as it is
 
 
 def packed(weight) -> bool:
