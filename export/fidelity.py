@@ -22,6 +22,7 @@ from mtpkit.runtime.backends import LoadOptions
 from mtpkit.runtime.manifest import Manifest
 from mtpkit.runtime.speculative import DEFAULT_NUM_ASSISTANT_TOKENS
 
+from . import lattice
 from .mapped import CHECKPOINT, page_out
 from .recipes import recipe
 
@@ -39,16 +40,12 @@ def teacher_forced(export: Path | Manifest, target, reference: dict, backend: st
     """A backend's quantized target graphs vs float PyTorch: each reference prompt is prefilled through the mtpkit
     runtime, then float greedy's continuation is fed one decode call per token (the same graphs users run,
     static LiteRT prefill lengths included); every continuation position's logits are compared."""
-    from mtpkit.runtime.engine import Engine
-
-    engine = Engine(export, threads=1, backend=backend, options=LoadOptions(weight_cache=False))  # as runtime_figures
+    with lattice.released(target):  # the graphs run first, without the PyTorch weights beside them
+        prompts, cut, graph_rows = _runtime_rows(export, reference, backend)
     agree, kls, max_abs, positions = [], [], 0.0, 0
-    prompts, cut = fitted(reference, engine)
-    for p in prompts:
+    for p, got in zip(prompts, graph_rows):
         prompt, cont = p["prompt_ids"], p["greedy_ids"][:-1]
-        rows = [engine.target.forward(prompt, 0)[0][-1]]
-        rows += [engine.target.forward([t], len(prompt) + i)[0][-1] for i, t in enumerate(cont)]
-        got = np.stack(rows).astype(np.float64)
+        got = got.astype(np.float64)
         with torch.no_grad():
             want = target(torch.tensor([prompt + cont])).logits[0, len(prompt) - 1:].double().numpy()
         page_out(*CHECKPOINT)  # the model and the graphs are not resident together (export/mapped.py)
@@ -58,6 +55,22 @@ def teacher_forced(export: Path | Manifest, target, reference: dict, backend: st
     return {"top1_agreement": float(np.concatenate(agree).mean()), "top1_stderr": _stderr([a.mean() for a in agree]),
             "mean_kl": float(np.concatenate(kls).mean()), "max_abs_logit": max_abs, "positions": positions,
             "prompts_cut": cut}
+
+
+def _runtime_rows(export: Path | Manifest, reference: dict, backend: str | None) -> tuple[list[dict], int, list]:
+    """(the prompts fitted, how many were cut, per prompt the target graphs' float32 logits at its last prompt
+    position and at each continuation id fed one decode call at a time); the engine is gone on return."""
+    from mtpkit.runtime.engine import Engine
+
+    engine = Engine(export, threads=1, backend=backend, options=LoadOptions(weight_cache=False))  # as runtime_figures
+    prompts, cut = fitted(reference, engine)
+    out = []
+    for p in prompts:
+        prompt, cont = p["prompt_ids"], p["greedy_ids"][:-1]
+        rows = [engine.target.forward(prompt, 0)[0][-1]]
+        rows += [engine.target.forward([t], len(prompt) + i)[0][-1] for i, t in enumerate(cont)]
+        out.append(np.stack(rows).astype(np.float32))
+    return prompts, cut, out
 
 
 def fitted(reference: dict, engine) -> tuple[list[dict], int]:
@@ -143,7 +156,7 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
         graphs = manifest.backend(kind).graphs
         figures = {"target_recipe": graphs["target"].recipe, "drafter_recipe": graphs["drafter"].recipe,
                    "teacher_forced": teacher_forced(manifest, target, reference, kind),
-                   "runtime": runtime_figures(manifest, reference, backend=kind),
+                   "runtime": _released_runtime_figures(manifest, target, reference, kind),
                    "float_runtime": float_figures[kind],
                    "gate": {"top1_agreement_min": recipe(graphs["target"].recipe).gate, "enforced": gate},
                    # int4: the text its scales were calibrated on, which the reference prompts above are not
@@ -163,6 +176,11 @@ def check(manifest, target, float_figures: dict, gate: bool) -> dict:
     for message in failures:
         log.warning("warning: %s", message)
     return report
+
+
+def _released_runtime_figures(manifest, target, reference: dict, kind: str) -> dict:
+    with lattice.released(target):  # a full-size QAT target's floats and the graphs are not held together
+        return runtime_figures(manifest, reference, backend=kind)
 
 
 def _gate_failure(kind: str, figures: dict) -> list[str]:

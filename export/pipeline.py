@@ -185,9 +185,10 @@ def _quantize(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> Manifest:
                                   job.low_bit)
         plans.update(lattice.plans(recipes, {"target": job.target, "drafter": job.drafter}))
         page_out(*CHECKPOINT)  # calibration read the model: the graphs are read next
-        backends = {kind: backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size,
-                                                         cfg.accuracy_level, ple_bits=cfg.ple_bits, plans=plans)
-                    for kind, backend in manifest.backends.items()}
+        with lattice.released(job.target):  # the graft reads the codes: the floats made from them wait
+            backends = {kind: backend_module(kind).quantize(job.folder, backend, recipes, cfg.block_size,
+                                                             cfg.accuracy_level, ple_bits=cfg.ple_bits, plans=plans)
+                        for kind, backend in manifest.backends.items()}
         manifest = dataclasses.replace(manifest, backends=backends)
         fidelity.check(manifest, job.target, float_figures, cfg.quality_gate)
     return manifest

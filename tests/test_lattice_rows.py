@@ -95,3 +95,18 @@ def test_a_lattice_checkpoint_loads_into_the_held_dtype(gemma_target, tmp_path):
     assert {p.dtype for p in auto.values()} == {torch.bfloat16}
     for name, p in auto.items():
         assert torch.equal(p, full[name].bfloat16()), name
+
+
+def test_released_frees_the_weights_made_from_codes_and_makes_them_again_bit_for_bit(gemma_target):
+    from mtpkit.export import lattice
+
+    model = _load(gemma_target, "bf16")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    quantized = {n for n in before if model.lattice.weight(n) is not None}
+    assert "model.embed_tokens_per_layer.weight" in quantized and len(quantized) > 10
+    with lattice.released(model) as freed:
+        assert freed == len(quantized)
+        sizes = {n: p.numel() for n, p in model.named_parameters()}
+        assert all(sizes[n] == 0 for n in quantized) and all(sizes[n] > 0 for n in before if n not in quantized)
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.bfloat16 and torch.equal(p, before[name]), name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -331,3 +332,28 @@ def test_preflight_counts_a_pre_quantized_target_as_it_loads(qat_pairs, tiny_che
     plain = preflight.read_weights(*(resolve(str(p), s) for p, s in
                                      zip(tiny_checkpoints("e2b_text_kv_eq"), ("target", "drafter"))))
     assert (packed.target, packed.ple, packed.stored) == (plain.target, plain.ple, plain.stored)
+
+
+def test_quantization_aware_training_trains_the_model_transformers_loads_from_the_written_checkpoint(tmp_path):
+    """The tiny QAT trainer's forward (weights snapped, linears rounded to its fixed scales) is the model that
+    transformers computes on the gemma checkpoint written from it: what it trains is what the report measures."""
+    from transformers import AutoModelForCausalLM
+
+    from mtpkit.tiny import qat, qat_train
+
+    shipped = Path(__file__).resolve().parents[1] / "mtpkit" / "tiny" / "assets" / "tiny_pair" / "target"
+    cfg = qat_train.QATConfig(steps=2, batch=2, seq_len=32, calibration_batches=1)
+    trained = qat_train.train(shipped, tmp_path / "trained", cfg)
+    scales = json.loads((trained / qat.TRAINED_SCALES).read_text())["scales"]
+    assert len(scales) == len(qat_train._linears(AutoModelForCausalLM.from_pretrained(str(trained))))
+    written = qat.write(trained, tmp_path / "gemma", "gemma")
+    assert not (written / qat.TRAINED_SCALES).exists()
+    model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32).eval()
+    qat_train._quantize_in_training(model, qat.mobile_bits(json.loads((trained / "config.json").read_text())),
+                                    {n: tuple(s) for n, s in scales.items()})
+    loaded = AutoModelForCausalLM.from_pretrained(str(written), dtype=torch.float32).eval()
+    ids = torch.tensor([[2, *range(40, 80)]])
+    with torch.no_grad():
+        want, got = model(ids).logits, loaded(ids).logits
+    assert torch.equal(want.argmax(-1), got.argmax(-1))
+    assert float((want - got).abs().max()) < 1e-3

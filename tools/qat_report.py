@@ -1,11 +1,15 @@
-"""The QAT row of the quant report: the trained tiny pair snapped to Google's mobile widths in the `gemma` layout
-(its drafter on a Q4_0 lattice), with and without static activation scales, exported with `--quant checkpoint` and
-measured by `mtpkit quant-report` against transformers on the same QAT checkpoint over the held-out windows; and
-the QAT model itself against the float pair (PyTorch, teacher-forced on the same windows). Not in CI.
+"""The QAT row of the quant report: the trained tiny pair's target trained on Google's mobile widths
+(mtpkit/tiny/qat_train.py: weights snapped, static int8 activation scales, straight-through gradients) and written
+in the `gemma` layout (its drafter on a Q4_0 lattice), with and without its static activation scales, exported with
+`--quant checkpoint` and measured by `mtpkit quant-report` against transformers on the same QAT checkpoint over the
+held-out windows; and the QAT model itself against the float pair (PyTorch, teacher-forced on the same windows).
+Not in CI.
 
     .venv/bin/python tools/qat_report.py OUT [--windows 64] [--backend onnx,litert] [--self-check N]
+                                              [--qat-steps 1200 | --trained DIR]
 
-Writes OUT/<variant>/report/ (quant-report's report.md and report.json) and OUT/summary.json.
+--qat-steps 0 snaps the float target without training. Writes OUT/trained (the QAT-trained float checkpoint and
+its scales), OUT/<variant>/report/ (quant-report's report.md and report.json) and OUT/summary.json.
 """
 
 from __future__ import annotations
@@ -74,20 +78,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="onnx,litert")
     p.add_argument("--self-check", type=int, metavar="N",
                    help="only transformers' full-sequence against token-by-token top-1 on the first N windows")
+    p.add_argument("--qat-steps", type=int, default=1200,
+                   help="quantization-aware training steps of the target (0: snap the float target untrained)")
+    p.add_argument("--trained", type=Path, help="a target trained by mtpkit/tiny/qat_train.py already: no training")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "tools"))
     from heldout_text import windows
 
     from mtpkit.export.quant_report import quant_report
-    from mtpkit.tiny.qat import write_pair
+    from mtpkit.tiny.qat import TRAINED_SCALES, write_pair
 
     args.out.mkdir(parents=True, exist_ok=True)
     texts = windows(args.windows)
     heldout = args.out / "heldout.jsonl"
     heldout.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    summary = {}
+    source = _trained(args)
+    summary = {"target": str(source), "qat_steps": 0 if source == SHIPPED / "target" else
+               json.loads((source / TRAINED_SCALES).read_text())["config"]["steps"]}
     for name, srq in VARIANTS.items():
-        target, drafter = write_pair(SHIPPED / "target", SHIPPED / "drafter", args.out / name / "pair", "gemma",
+        target, drafter = write_pair(source, SHIPPED / "drafter", args.out / name / "pair", "gemma",
                                      drafter_fmt="q4_0", srq=srq)
         if args.self_check:
             summary[name] = self_consistency(target, texts[:args.self_check])
@@ -100,6 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _trained(args) -> Path:
+    """The float target the QAT checkpoints are written from: --trained, the shipped one (--qat-steps 0), or the
+    shipped one trained on its lattice into OUT/trained."""
+    if args.trained:
+        return args.trained
+    if not args.qat_steps:
+        return SHIPPED / "target"
+    from mtpkit.tiny import qat_train
+
+    return qat_train.train(SHIPPED / "target", args.out / "trained", qat_train.QATConfig(steps=args.qat_steps))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Formats (`FORMATS`):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -19,7 +20,7 @@ from mtpkit.errors import CheckpointError
 from .types import BITS, Lattice, Weight, check_codes, key, quantization_config, supported_bits
 
 __all__ = ["BITS", "Lattice", "Weight", "check_codes", "key", "quantization_config", "supported_bits",
-           "check_recipes", "detect_folder", "format_of", "plans", "read"]
+           "check_recipes", "detect_folder", "format_of", "plans", "read", "released"]
 log = logging.getLogger("mtpkit")
 
 def format_of(config: dict) -> str | None:
@@ -130,3 +131,27 @@ def plans(recipes: Mapping, models: Mapping) -> dict:
 
     return {side: Int4Plan(recipe, lattice=models[side].lattice) for side, recipe in recipes.items()
             if recipe.lattice}
+
+
+# formats whose float weights the loader made from the codes (export/lattice.read): made again, they are equal
+_MADE_FROM_CODES = ("gemma", "compressed-tensors")
+
+
+@contextlib.contextmanager
+def released(model):
+    """Free the model's weights that were dequantized from a gemma / compressed-tensors checkpoint's codes for the
+    block, and make them again from the codes after it, bit for bit. The quantize phase's graft reads the codes,
+    not these floats, which at E2B are 10 GB of bf16 held beside the graphs being rewritten."""
+    import torch
+
+    found = getattr(model, "lattice", None)
+    freed = [] if found is None or found.format not in _MADE_FROM_CODES else [
+        (p, w) for name, p in model.named_parameters()
+        if (w := found.weight(name)) is not None and tuple(p.shape) == w.shape]
+    for p, _ in freed:
+        p.data = torch.empty(0, dtype=p.dtype)
+    try:
+        yield len(freed)
+    finally:
+        for p, w in freed:
+            p.data = w.tensor(p.dtype)

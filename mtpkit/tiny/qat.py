@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 FORMATS = ("gemma", "compressed-tensors", "q4_0")
+TRAINED_SCALES = "activation_scales.json"  # written by mtpkit/tiny/qat_train.py
 
 
 def mobile_bits(config: dict) -> dict[str, int]:
@@ -55,6 +56,15 @@ def _bits(widths: dict[str, int], name: str, default: int = 4) -> int:
     return next((b for p, b in widths.items() if re.search(p, name)), default)
 
 
+def _static_scales(folder: Path, state: dict, seed: int) -> dict[str, tuple[float, float]]:
+    """The scales a quantization-aware training fixed (mtpkit/tiny/qat_train.py, beside its checkpoint), else
+    measured on random text."""
+    trained = folder / TRAINED_SCALES
+    if trained.exists():
+        return {n: (float(a), float(b)) for n, (a, b) in json.loads(trained.read_text())["scales"].items()}
+    return _activation_scales(folder, state, seed)
+
+
 def _activation_scales(folder: Path, state: dict, seed: int) -> dict[str, tuple[float, float]]:
     """module -> (input, output) absmax / 127 of every Linear in the decoder over random text (no clipping)."""
     from transformers import AutoModelForCausalLM
@@ -89,7 +99,7 @@ def write(source: Path, out: Path, fmt: str, seed: int = 0, off_lattice_blocks: 
     if fmt not in FORMATS:
         raise ValueError(f"unknown QAT format {fmt!r}; choose from {', '.join(FORMATS)}")
     shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(source, out)
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns(TRAINED_SCALES))
     config = json.loads((source / "config.json").read_text())
     state = load_file(str(source / "model.safetensors"))
     widths = mobile_bits(config)
@@ -107,7 +117,7 @@ def write(source: Path, out: Path, fmt: str, seed: int = 0, off_lattice_blocks: 
             snapped[name] = (codes.float() * scale.repeat_interleave(w.shape[1] // scale.shape[1], 1)).to(w.dtype)
         else:
             snapped[name] = w
-    scales = _activation_scales(source, snapped, seed) if srq else {}
+    scales = _static_scales(source, snapped, seed) if srq else {}
     tensors, qc = (_gemma if fmt == "gemma" else _compressed)(state, lattice, scales, widths)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config["quantization_config"] = qc
