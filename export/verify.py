@@ -22,13 +22,18 @@ import torch
 
 from mtpkit.errors import MtpkitError
 
+from .lattice import srq
 from .mapped import CHECKPOINT, GRAPHS, page_out
+from .scoped import patched
 
 ATOL = 1e-4
 # ONNX Runtime vs PyTorch may differ this many times PyTorch vs its jittered self (random full-size E2B, 600
 # tokens: 1.6x on logits and on final hidden states; docs/scale-bench.md, "Full-size exports")
 NOISE_FACTOR = 4
 JITTER = 2.0 ** -23  # relative: one fp32 ulp, what a different summation order costs a Linear's output
+# before a static int8 rounding (export/lattice/srq.py): enough to move a few values across a rounding boundary, as
+# another kernel's summation order does (the trained tiny pair snapped to a lattice: 2^-19 moves none, 2^-17 some)
+ROUNDING_JITTER = 2.0 ** -17
 
 
 @dataclass(frozen=True)
@@ -116,16 +121,22 @@ def _reference(target, ids: list[int]):
 
 
 def _reference_noise(target, ids: list[int], logits: np.ndarray, hidden: np.ndarray) -> tuple[float, float]:
-    """(logits, hidden states): how far PyTorch's own forward moves when every Linear output is scaled by
-    1 + u * JITTER, u uniform in [-1, 1) from a fixed seed: the model's amplification of rounding-sized error."""
+    """(logits, hidden states): how far PyTorch's own forward moves when every Linear output, and every value a
+    checkpoint's static activation scale rounds (export/lattice/srq.py) before it rounds, is scaled by
+    1 + u * JITTER (ROUNDING_JITTER), u uniform in [-1, 1) from a fixed seed: the model's amplification of
+    rounding-sized error. Whether static roundings are all in the graphs is checked by tests, not by this bound."""
     generator = torch.Generator().manual_seed(0)
 
     def jitter(module, args, out):
         return out * (1 + JITTER * (2 * torch.rand(out.shape, generator=generator) - 1))
 
+    def jittered_rounding(x, scale):  # a static int8 rounding sees its input's error before it rounds
+        return rounded(x * (1 + ROUNDING_JITTER * (2 * torch.rand(x.shape, generator=generator) - 1)), scale)
+
+    rounded = srq.rounded
     hooks = [m.register_forward_hook(jitter) for m in target.modules() if isinstance(m, torch.nn.Linear)]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), patched(srq, "rounded", jittered_rounding):
             again = target(torch.tensor([ids]), output_hidden_states=True, use_cache=False)
     finally:
         for hook in hooks:

@@ -156,8 +156,9 @@ def qat_export(request, tmp_path_factory):
 
     root = tmp_path_factory.mktemp(f"qat_export_{request.param}")
     shipped = Path(mtpkit.__file__).parent / "tiny" / "assets" / "tiny_pair"
+    # the compressed-tensors target carries static activation scales; the others are weight-only lattices
     target, drafter = write_pair(shipped / "target", shipped / "drafter", root / "pair", request.param,
-                                 drafter_fmt="q4_0", srq=False)
+                                 drafter_fmt="q4_0", srq=request.param == "compressed-tensors")
     asked = {"quant": "checkpoint"} if request.param == "q4_0" else {}  # a Q4_0 lattice is not in the config
     out = mtpkit.export_pair(target, drafter, root / "out", backend="onnx,litert", reference_tokens=12,
                              max_cache_len=128, **asked)
@@ -285,8 +286,11 @@ def test_checkpoint_export_gives_transformers_tokens(qat_export):
     figures = json.loads((out / "quant_fidelity.json").read_text())
     onnx, litert = figures["onnx"]["teacher_forced"], figures["litert"]["teacher_forced"]
     # Q4_0: the 3 blocks left off the lattice are re-encoded, so those weights differ from the checkpoint's floats
-    assert onnx["top1_agreement"] == 1.0 and onnx["max_abs_logit"] < (0.05 if qat_export[2] == "q4_0" else 1e-3), onnx
-    assert litert["top1_agreement"] >= 0.95, litert
+    # static activation scales: another summation order moves a few values across a rounding boundary (0.27 here)
+    bound = {"q4_0": 0.05, "compressed-tensors": 1.0}.get(qat_export[2], 1e-3)
+    assert onnx["top1_agreement"] == 1.0 and onnx["max_abs_logit"] < bound, onnx
+    # LiteRT's int8 kernels re-quantize at run time what the static scales already rounded
+    assert litert["top1_agreement"] >= (0.9 if qat_export[2] == "compressed-tensors" else 0.95), litert
     from mtpkit.runtime.engine import Engine, GenConfig
 
     engine = Engine(out, backend="litert")
@@ -295,6 +299,56 @@ def test_checkpoint_export_gives_transformers_tokens(qat_export):
         plain = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, mtp=False))]
         spec = [t for t, _ in engine.generate(ids, GenConfig(max_new_tokens=12, num_assistant_tokens=3))]
         assert spec == plain, prompt["name"]
+
+
+@pytest.mark.slow
+def test_static_activation_scales_round_in_every_graph(qat_export):
+    """Each linear layer with static activation scales rounds its input and its output in the ONNX target graph
+    and in LiteRT's decode signature, every layer that the graph computes; a weight-only lattice rounds nothing.
+    Both exporters compute some layers outside their modules (the fused attention's reordered query and output
+    projections, litert-torch's wrapped modules), where the rounding was once lost."""
+    import onnx
+    from ai_edge_litert import schema_py_generated as schema
+
+    from mtpkit.export.lattice import key
+
+    target, out, fmt = qat_export
+    scaled = {k for k, scales in _load(target).lattice.activations.items() if all(scales)}
+    assert bool(scaled) == (fmt == "compressed-tensors")
+    files = json.loads((out / "manifest.json").read_text())["backends"]
+    graph = onnx.load(str(out / files["onnx"]["graphs"]["target"]["file"]), load_external_data=False).graph
+    nodes = [(n.op_type.upper(), list(n.input), list(n.output)) for n in graph.node]
+    onnx_layers = _rounded_layers(nodes, ("MATMUL", "MATMULNBITS"), lambda name: key(name.rsplit("_Q", 1)[0]))
+    model = schema.ModelT.InitFromPackedBuf((out / files["litert"]["graphs"]["target"]["file"]).read_bytes(), 0)
+    ops = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    decode = next(sg for sg in model.subgraphs if sg.name == b"decode")
+    # LiteRT's activation names repeat: tensors by index, weights by name
+    nodes = [(ops[model.operatorCodes[o.opcodeIndex].builtinCode], list(o.inputs), list(o.outputs))
+             for o in decode.operators]
+    litert_layers = _rounded_layers(nodes, ("FULLY_CONNECTED",), lambda i: key(decode.tensors[i].name.decode()))
+    for layers in (onnx_layers, litert_layers):
+        computed = {k for k in layers if k in _load(target).lattice.activations}
+        assert computed and {k for k in computed if layers[k]} == computed & scaled, sorted(k for k in computed if not layers[k])[:4]
+
+
+def _rounded_layers(nodes: list, matmuls: tuple, key_of) -> dict[str, bool]:
+    """weight key -> whether the layer's input comes out of a ROUND (through the clamp and the rescale) and its
+    output goes into one (through the division by its scale), in a graph given as (op, inputs, outputs)."""
+    made = {o: (op, ins) for op, ins, outs in nodes for o in outs}
+    used: dict[str, list] = {}
+    for op, ins, outs in nodes:
+        for i in ins:
+            used.setdefault(i, []).append((op, outs))
+
+    def before(name, depth=5):
+        op, ins = made.get(name, (None, []))
+        return op == "ROUND" or (depth > 0 and op in ("MUL", "CLIP", "MINIMUM", "MAXIMUM", "RESHAPE") and before(ins[0], depth - 1))
+
+    def after(name, depth=2):
+        return any(op == "ROUND" or (depth > 0 and op in ("DIV", "MUL") and any(after(o, depth - 1) for o in outs))
+                   for op, outs in used.get(name, []))
+
+    return {key_of(ins[1]): before(ins[0]) and after(outs[0]) for op, ins, outs in nodes if op in matmuls}
 
 
 @pytest.mark.slow

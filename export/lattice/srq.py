@@ -21,11 +21,28 @@ class SRQLinear(nn.Linear):
     """A Linear whose input and / or output are rounded to static int8 scales (a zero scale: none)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rounded_linear(x, self.weight, self.bias)
+
+    def rounded_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """This layer's computation with `weight` / `bias` in place of its own (an export's reordered copy):
+        the scales are per tensor, so rounding commutes with any reordering of channels."""
         if self.srq_input:
             x = rounded(x, self.input_activation_scale)
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        out = F.linear(x, self.weight.to(x.dtype), bias)
+        out = F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
         return rounded(out, self.output_activation_scale) if self.srq_output else out
+
+
+def linear(module: nn.Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias) in the place of `module`, rounded as the module rounds where it is an SRQLinear:
+    for code that computes a layer with a reordered copy of its weight instead of calling it."""
+    if isinstance(module, SRQLinear):
+        return module.rounded_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def rounds(lattice: Lattice) -> bool:
+    """Whether any linear layer of the checkpoint has a static activation scale (0 everywhere: weights only)."""
+    return any(any(scales) for scales in lattice.activations.values())
 
 
 def apply(model: nn.Module, lattice: Lattice | None) -> int:

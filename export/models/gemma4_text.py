@@ -282,7 +282,7 @@ def _fused_attention(self, hidden_states, position_embeddings, attention_mask, s
     q_weight, q_bias, o_weight = (getattr(self, name) for name in GROUPED)
     heads, dim = self.config.num_attention_heads, self.head_dim
     cos, sin = position_embeddings
-    query = F.linear(hidden_states, q_weight, q_bias).view(seq, heads, 1, dim)
+    query = srq.linear(self.q_proj, hidden_states, q_weight, q_bias).view(seq, heads, 1, dim)
     query = ops.rotary(self.q_norm(query), cos, sin, torch.arange(seq).unsqueeze(1))  # same in every layer: CSE'd
     if self.is_kv_shared_layer:
         key, value = shared_kv_states[self.layer_type]
@@ -297,7 +297,7 @@ def _fused_attention(self, hidden_states, position_embeddings, attention_mask, s
         shared_kv_states[self.layer_type] = key, value
     out = ops.attention(query.view(batch, seq * self.num_key_value_groups, -1), key, value, attention_mask,
                         self.scaling, self.num_key_value_groups)
-    return F.linear(out.view(batch, seq, -1), o_weight, self.o_proj.bias), None
+    return srq.linear(self.o_proj, out.view(batch, seq, -1), o_weight, self.o_proj.bias), None
 
 
 def _heads_first(x, seq: int, dim: int):

@@ -80,14 +80,16 @@ def _static_rounding(lattice):
 
     from ...lattice import srq
 
-    real = interface.Converter.add_signature
+    real, rounded = interface.Converter.add_signature, []
 
     def add_signature(converter, name, module, *args, **kwargs):
-        srq.apply(module, lattice)
+        rounded.append(srq.apply(module, lattice))
         return real(converter, name, module, *args, **kwargs)
 
     with patched(interface.Converter, "add_signature", add_signature):
         yield
+    if not any(rounded):  # the graphs would silently compute another model than the checkpoint's
+        raise RuntimeError("the checkpoint's static activation scales reached no linear layer litert-torch converted")
 
 
 def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path: Path, *, prefill_len: int,
@@ -99,6 +101,8 @@ def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path:
     never held in memory.
     """
     from litert_torch.generative.export_hf.core import weights_loader
+
+    from ...lattice import srq
 
     hf = import_export_hf()
     source = SafetensorsSource(weights_dir)
@@ -114,9 +118,11 @@ def export_target(checkpoint: Path, weights_dir: Path, work: Path, drafter_path:
             return False
 
     weights = graft.WeightInputs(buffer_kept=kept)
-    rounding = _static_rounding(lattice) if lattice is not None and lattice.activations else contextlib.nullcontext()
+    rounding = _static_rounding(lattice) if lattice is not None and srq.rounds(lattice) else contextlib.nullcontext()
     packed = tables.packed_tables(lattice) if lattice is not None else contextlib.nullcontext()
-    with _bundle_with_drafter(drafter_path), rounding, packed, weights.converting(), \
+    # rounding after weights.converting(): its add_signature then runs first and rounds the model's own linear
+    # layers, before they are wrapped with their weights as inputs
+    with _bundle_with_drafter(drafter_path), packed, weights.converting(), rounding, \
             _grafted_after_packaging(weights, source), weights_loader.init_params_on_meta():
         hf.export.export(model=str(checkpoint), output_dir=str(work), keep_temporary_files=True,
                          prefill_lengths=[prefill_len], cache_length=cache_len, quantization_recipe="none",
