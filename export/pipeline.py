@@ -176,8 +176,9 @@ def _quantize(manifest: Manifest, job: ExportJob, phases: PhaseLog) -> Manifest:
                                   "fidelity against the float model"):
         reference = json.loads(manifest.path(manifest.reference["file"]).read_text())
         unpacked = LoadOptions(pack_weights=False)  # one-off float runs: no packed copy of the weights
-        float_figures = {kind: fidelity.runtime_figures(manifest, reference, backend=kind, options=unpacked)
-                         for kind in manifest.backends}
+        with lattice.released(job.target):  # the float graphs run without the PyTorch weights beside them
+            float_figures = {kind: fidelity.runtime_figures(manifest, reference, backend=kind, options=unpacked)
+                             for kind in manifest.backends}
         page_out(*GRAPHS)  # the float graphs' pages: rewritten next, not read again
         recipes = cfg.recipes
         plans = calibration.plans(recipes, job.target, {"target": job.target_adapter, "drafter": job.drafter_adapter},
