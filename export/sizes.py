@@ -65,6 +65,7 @@ class SizeJob:
     drafter_config: Any
     target_folder: Path  # its tokenizer files travel into the LiteRT bundle
     kv_layers: tuple  # the target's KV-owning layers (manifest KVLayer)
+    roundings: int = 0  # the target's static int8 activation roundings (export/lattice/planned.roundings)
 
     def side(self, graph_side: str) -> tuple[Weight, ...]:
         return tuple(w for w in self.weights if w.side == graph_side)
@@ -177,10 +178,13 @@ def backend_plans(cfg, sources: tuple, adapters: tuple, configs: tuple, low_bit:
     when not given)."""
     plans = int4_plans(cfg, adapters, low_bit, sources)
     layers = adapters[0].kv_layers(configs[0])
+    from .lattice import planned
+
+    rounded = planned.roundings(sources[0].folder, sources[0].config)
     backends = {}
     for kind in cfg.backend:
         held = weights[kind] if weights else read_weights(sources, adapters, configs, kind)
-        job = SizeJob(cfg, held, plans, configs[0], configs[1], sources[0].folder, layers)
+        job = SizeJob(cfg, held, plans, configs[0], configs[1], sources[0].folder, layers, rounded)
         files = tuple(backend_module(kind).plan_files(job))
         backends[kind] = BackendPlan(kind, files, memory(files, layers, cfg.max_cache_len, configs[0].sliding_window))
     return backends

@@ -78,3 +78,27 @@ def q4_0(tensors: dict[str, dict]) -> Lattice:
     weights = {key(n): Planned(4, h["shape"][1], h["shape"][1] // BLOCK) for n, h in tensors.items()
                if len(h["shape"]) == 2 and n.endswith(".weight") and "embed" not in n and h["shape"][1] % BLOCK == 0}
     return Lattice("q4_0", weights)
+
+
+_ROUNDED = {"gemma": (".input_activation_scale", ".output_activation_scale"),
+            "compressed-tensors": (".input_scale", ".output_scale")}
+
+
+def roundings(folder, config: dict) -> int:
+    """How many static int8 roundings the graphs compute: each nonzero activation scale of the checkpoint (read
+    from its safetensors: scalars, no weight)."""
+    from safetensors import safe_open
+
+    from ..checkpoint import safetensors_files
+    from .readers import format_of
+
+    qc = quantization_config(config)
+    suffixes = _ROUNDED.get(format_of(qc)) if qc is not None else None
+    if not suffixes:
+        return 0
+    count = 0
+    for path in safetensors_files(folder):
+        with safe_open(str(path), "np") as f:
+            count += sum(bool(f.get_tensor(k).any()) for k in f.keys() if k.endswith(suffixes))
+    return count
+

@@ -27,6 +27,7 @@ from .quantization import OPS, encoding_for, graph_recipe, stored_recipe
 # decode, verify), the per-layer embedder fixed and per layer, the embedder fixed, the drafter per drafter layer and
 # signature (draft + one draft_masked per cache window)
 TARGET_PER_LAYER = 73926
+ROUNDING = 3322  # a static activation rounding's ops in prefill, decode and verify (tiny pair)
 PLE_FIXED, PLE_PER_LAYER = 6096, 2880
 EMBEDDER_FIXED = 4224
 DRAFTER_PER_LAYER_SIGNATURE = 16178
@@ -103,7 +104,7 @@ def _signatures(job: SizeJob, graph: str) -> int:
 def _structure(job: SizeJob, graph: str) -> int:
     layers = job.target_config.num_hidden_layers
     if graph == "target":
-        return TARGET_PER_LAYER * layers
+        return TARGET_PER_LAYER * layers + ROUNDING * job.roundings
     if graph == "per_layer_embedder":
         return PLE_FIXED + PLE_PER_LAYER * layers
     if graph == "embedder":
