@@ -69,25 +69,12 @@ def _activation_scales(folder: Path, state: dict, seed: int) -> dict[str, tuple[
     """module -> (input, output) absmax / 127 of every Linear in the decoder over random text (no clipping)."""
     from transformers import AutoModelForCausalLM
 
+    from .qat_train import calibrate
+
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    seen: dict[str, list[float]] = {}
-
-    def hook(name):
-        def record(module, args, out):
-            pair = seen.setdefault(name, [0.0, 0.0])
-            pair[0] = max(pair[0], float(args[0].abs().max()))
-            pair[1] = max(pair[1], float(out.abs().max()))
-        return record
-
-    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and ".layers." in n or n.endswith("per_layer_model_projection")]
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        model(torch.randint(3, model.config.get_text_config().vocab_size, (4, 48), generator=g))
-    for h in handles:
-        h.remove()
-    return {n: (a / 127, b / 127) for n, (a, b) in seen.items()}
+    return calibrate(model, [torch.randint(3, model.config.get_text_config().vocab_size, (4, 48), generator=g)])
 
 
 def write(source: Path, out: Path, fmt: str, seed: int = 0, off_lattice_blocks: int = 0, srq: bool = True) -> Path:
