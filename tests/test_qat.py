@@ -400,7 +400,7 @@ def test_quantization_aware_training_trains_the_model_transformers_loads_from_th
     cfg = qat_train.QATConfig(steps=2, batch=2, seq_len=32, calibration_batches=1)
     trained = qat_train.train(shipped, tmp_path / "trained", cfg)
     scales = json.loads((trained / qat.TRAINED_SCALES).read_text())["scales"]
-    assert len(scales) == len(qat_train._linears(AutoModelForCausalLM.from_pretrained(str(trained))))
+    assert len(scales) == len(qat.linears(AutoModelForCausalLM.from_pretrained(str(trained))))
     written = qat.write(trained, tmp_path / "gemma", "gemma")
     assert not (written / qat.TRAINED_SCALES).exists()
     model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32).eval()

@@ -65,11 +65,34 @@ def _static_scales(folder: Path, state: dict, seed: int) -> dict[str, tuple[floa
     return _activation_scales(folder, state, seed)
 
 
+def linears(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    """The linear layers qat.write gives static activation scales: the decoder's and the per-layer projection."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+            and (".layers." in n or n.endswith("per_layer_model_projection"))}
+
+
+def calibrate(model: torch.nn.Module, chunks: list[torch.Tensor]) -> dict[str, tuple[float, float]]:
+    """module -> (input, output) absmax / 127 over the chunks, as qat.write stores them."""
+    seen: dict[str, list[float]] = {}
+
+    def hook(name):
+        def record(module, args, out):
+            pair = seen.setdefault(name, [0.0, 0.0])
+            pair[0], pair[1] = max(pair[0], float(args[0].abs().max())), max(pair[1], float(out.abs().max()))
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in linears(model).items()]
+    with torch.no_grad():
+        for chunk in chunks:
+            model(input_ids=chunk, use_cache=False)
+    for h in handles:
+        h.remove()
+    return {n: (a / 127, b / 127) for n, (a, b) in seen.items()}
+
+
 def _activation_scales(folder: Path, state: dict, seed: int) -> dict[str, tuple[float, float]]:
     """module -> (input, output) absmax / 127 of every Linear in the decoder over random text (no clipping)."""
     from transformers import AutoModelForCausalLM
-
-    from .qat_train import calibrate
 
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)

@@ -61,31 +61,6 @@ def _rounded(x: torch.Tensor, s: float) -> torch.Tensor:
     return x + (y - x).detach()
 
 
-def _linears(model: nn.Module) -> dict[str, nn.Linear]:
-    """The linear layers qat.write gives static activation scales: the decoder's and the per-layer projection."""
-    return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)
-            and (".layers." in n or n.endswith("per_layer_model_projection"))}
-
-
-def calibrate(model: nn.Module, chunks: list[torch.Tensor]) -> dict[str, tuple[float, float]]:
-    """module -> (input, output) absmax / 127 over the chunks, as qat.write stores them."""
-    seen: dict[str, list[float]] = {}
-
-    def hook(name):
-        def record(module, args, out):
-            pair = seen.setdefault(name, [0.0, 0.0])
-            pair[0], pair[1] = max(pair[0], float(args[0].abs().max())), max(pair[1], float(out.abs().max()))
-        return record
-
-    handles = [m.register_forward_hook(hook(n)) for n, m in _linears(model).items()]
-    with torch.no_grad():
-        for chunk in chunks:
-            model(input_ids=chunk, use_cache=False)
-    for h in handles:
-        h.remove()
-    return {n: (a / 127, b / 127) for n, (a, b) in seen.items()}
-
-
 def _quantize_in_training(model: nn.Module, widths: dict, scales: dict) -> None:
     """Snap every weight qat.write quantizes (2-D, not the tied embedding table) and round each calibrated linear's
     input and output, in place."""
@@ -93,7 +68,7 @@ def _quantize_in_training(model: nn.Module, widths: dict, scales: dict) -> None:
         w = getattr(module, "weight", None)
         if isinstance(w, nn.Parameter) and w.dim() == 2 and not name.endswith(("embed_tokens", "lm_head")):
             parametrize.register_parametrization(module, "weight", _Snapped(qat._bits(widths, name + ".weight")))
-    for name, module in _linears(model).items():
+    for name, module in qat.linears(model).items():
         s_in, s_out = scales[name]
         module.register_forward_pre_hook(lambda m, a, s=s_in: (_rounded(a[0], s),))
         module.register_forward_hook(lambda m, a, out, s=s_out: _rounded(out, s))
@@ -110,7 +85,7 @@ def train(source: Path, out: Path, cfg: QATConfig = QATConfig()) -> Path:
     ids = _training_ids(source)
     teacher = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
     model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
-    scales = calibrate(model, [sample_chunks(ids, cfg.batch, cfg.seq_len, gen) for _ in range(cfg.calibration_batches)])
+    scales = qat.calibrate(model, [sample_chunks(ids, cfg.batch, cfg.seq_len, gen) for _ in range(cfg.calibration_batches)])
     _quantize_in_training(model, qat.mobile_bits(json.loads((source / "config.json").read_text())), scales)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
