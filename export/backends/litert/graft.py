@@ -167,8 +167,10 @@ def _detach_inputs(model, where) -> None:
 
 
 def graft(skeleton: bytes | Path, out: Path, source, choose: Callable[[str, tuple, set], Encoding],
-          names: dict[str, str] | None = None) -> dict[str, str]:
-    """Write `skeleton` to `out` with every weight a constant from `source`, encoded as `choose` says.
+          names: dict[str, str] | None = None, rewrite: Callable[[object, list[dict]], None] | None = None) \
+        -> dict[str, str]:
+    """Write `skeleton` to `out` with every weight a constant from `source`, encoded as `choose` says. `rewrite`
+    (model, placed weights) may change the graph's ops once the weights are placed (static_int8.py).
 
     Returns parameter name -> encoding ("int4/b32", "int8", "float32", ...). `out` appears complete or not at all.
     """
@@ -194,6 +196,8 @@ def graft(skeleton: bytes | Path, out: Path, source, choose: Callable[[str, tupl
         if _integer(model, places[0]) and enc.kind != "uint8":
             enc = Encoding("uint8")  # a packed table's bytes (tables.py): written as they are in every pass
         plan.append(_place(model, name, places, shape, enc))
+    if rewrite is not None:
+        rewrite(model, plan)
     return _write(model, plan, source, Path(out))
 
 

@@ -87,6 +87,7 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
     the lookup tables and, under an int4 plan, every weight)."""
     from ai_edge_litert import schema_py_generated as schema
 
+    from . import static_int8
     from .graft import Encoding, graft, read_map
     from .sources import GraftedSource
 
@@ -99,13 +100,18 @@ def _quantize_tflite(path: Path, name: str, recipe: Recipe, block_size: int, ple
             tables.append(weight)
         return choose(weight, shape, uses)
 
-    done = graft(path, path, GraftedSource(path, model), noted)
+    static: list[int] = []
+    activations = plan.lattice.activations if plan is not None and plan.lattice is not None else {}
+    rewrite = (lambda m, placed: static.append(static_int8.apply(m, placed, activations))) if activations else None
+    done = graft(path, path, GraftedSource(path, model), noted, rewrite=rewrite)
     counts: dict[str, int] = {}
     for encoding in done.values():
         counts[encoding] = counts.get(encoding, 0) + 1
     if recipe.int4 and not any(e.startswith("int4") for e in counts):
         recipe = KEPT_8BIT  # every weight kept 8 bits (the embedder's table under int4): recorded as what it is
     how = {"weights": dict(sorted(counts.items())), "block_size": block_size}
+    if any(static):  # layers computed with int8 activations at the checkpoint's static scales
+        how["static_int8"] = sum(static)
     if tables:
         how["tables"] = {k.removeprefix("w:"): done[k] for k in sorted(tables)}
     if plan is not None and (recipe.int4 or recipe.lattice):
