@@ -68,7 +68,30 @@ def self_consistency(qat_target: Path, texts: list[str], prompt_len: int = 32, t
                 out = model(torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
                 steps.append(out.logits[0, -1])
             agree, total = agree + int((full == torch.stack(steps).argmax(-1)).sum()), total + len(full)
-    return {"transformers_full_vs_cached_top1": agree / total, "positions": total}
+    return {"transformers_full_vs_cached_top1": agree / total, "positions": total,
+            "lm_head_dynamic_int8_top1": dynamic_head(model, tok, texts, prompt_len, text_len)}
+
+
+def dynamic_head(model, tok, texts: list[str], prompt_len: int, text_len: int) -> float:
+    """Teacher-forced top-1 of the QAT model with its lm_head's input quantized per row to asymmetric int8, as
+    XNNPACK's dynamic-range kernel does on LiteRT to a layer without static scales, against the model as it is."""
+    def per_row_int8(module, args):
+        x = args[0]
+        lo, hi = x.amin(-1, keepdim=True).clamp(max=0), x.amax(-1, keepdim=True).clamp(min=0)
+        scale = (hi - lo) / 255
+        zero = torch.round(-128 - lo / scale)
+        return ((torch.clamp(torch.round(x / scale) + zero, -128, 127) - zero) * scale,)
+
+    agree = total = 0
+    with torch.no_grad():
+        for text in texts:
+            x = torch.tensor([[2, *tok.encode(text, add_special_tokens=False).ids[:prompt_len + text_len]]])
+            ref = model(x).logits[0, prompt_len:].argmax(-1)
+            hook = model.lm_head.register_forward_pre_hook(per_row_int8)
+            rounded = model(x).logits[0, prompt_len:].argmax(-1)
+            hook.remove()
+            agree, total = agree + int((ref == rounded).sum()), total + len(ref)
+    return agree / total
 
 
 def main(argv: list[str] | None = None) -> int:
