@@ -256,12 +256,7 @@ def _dequantize_before_use(model, g: int, t: int, shape) -> None:
     """A float16 weight feeds its ops through a DEQUANTIZE to float32 (what FLOAT_CASTING writes)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
-    if schema.BuiltinOperator.DEQUANTIZE not in codes:
-        code = schema.OperatorCodeT()
-        code.builtinCode, code.deprecatedBuiltinCode, code.version = schema.BuiltinOperator.DEQUANTIZE, 6, 1
-        model.operatorCodes.append(code)
-        codes.append(schema.BuiltinOperator.DEQUANTIZE)
+    dequantize = opcode(model, schema.BuiltinOperator.DEQUANTIZE, version=1)
     sg = model.subgraphs[g]
     wide = schema.TensorT()
     wide.name, wide.type, wide.shape = sg.tensors[t].name + b";float32", schema.TensorType.FLOAT32, np.array(shape,
@@ -272,10 +267,23 @@ def _dequantize_before_use(model, g: int, t: int, shape) -> None:
     for op in sg.operators:
         op.inputs = np.array([w if int(i) == t else int(i) for i in op.inputs], np.int32)
     deq = schema.OperatorT()
-    deq.opcodeIndex, deq.inputs, deq.outputs = codes.index(schema.BuiltinOperator.DEQUANTIZE), np.array([t],
-                                                                                                       np.int32), \
-        np.array([w], np.int32)
+    deq.opcodeIndex, deq.inputs, deq.outputs = dequantize, np.array([t], np.int32), np.array([w], np.int32)
     sg.operators.insert(0, deq)
+
+
+def opcode(model, builtin: int, version: int | None = None) -> int:
+    """The index of `builtin` among the model's operator codes (-1 if absent); appended at `version` when given."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    for i, c in enumerate(model.operatorCodes):
+        if max(c.builtinCode, c.deprecatedBuiltinCode) == builtin:
+            return i
+    if version is None:
+        return -1
+    code = schema.OperatorCodeT()
+    code.builtinCode, code.deprecatedBuiltinCode, code.version = builtin, min(builtin, 127), version
+    model.operatorCodes.append(code)
+    return len(model.operatorCodes) - 1
 
 
 def _pack(model) -> bytes:

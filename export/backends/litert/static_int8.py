@@ -17,9 +17,6 @@ import numpy as np
 from ...lattice.types import key
 from .encodings import PER_CHANNEL
 
-_FC, _QUANTIZE, _DEQUANTIZE = "FULLY_CONNECTED", "QUANTIZE", "DEQUANTIZE"
-
-
 def apply(model, placed: list[dict], activations: Mapping[str, tuple[float, float]]) -> int:
     """Rewrite, in the flatbuffer object `model`, every FULLY_CONNECTED whose weight (a graft plan entry in
     `placed`) is stored per channel and whose layer has both static scales in `activations` (module key ->
@@ -27,15 +24,16 @@ def apply(model, placed: list[dict], activations: Mapping[str, tuple[float, floa
     activation keeps the dynamic-range kernel (LiteRT has no int8 -> float FULLY_CONNECTED)."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from .graft import WEIGHT
+    from .graft import WEIGHT, opcode
 
     scaled = {p["name"]: activations.get(key(p["name"])) for p in placed if p["enc"].kind in PER_CHANNEL}
     scaled = {WEIGHT + n: s for n, s in scaled.items() if s and s[0] and s[1]}
     if not scaled:
         return 0
-    fc = _opcode(model, schema.BuiltinOperator.FULLY_CONNECTED)
-    quantize, dequantize = (_opcode(model, op, add=True) for op in (schema.BuiltinOperator.QUANTIZE,
-                                                                   schema.BuiltinOperator.DEQUANTIZE))
+    fc = opcode(model, schema.BuiltinOperator.FULLY_CONNECTED)
+    # version 2 of QUANTIZE / DEQUANTIZE: int8 (version 1 knows uint8 only)
+    quantize, dequantize = (opcode(model, op, version=2) for op in (schema.BuiltinOperator.QUANTIZE,
+                                                                    schema.BuiltinOperator.DEQUANTIZE))
     changed = 0
     for sg in model.subgraphs:
         ops = []
@@ -86,19 +84,3 @@ def _int8_like(sg, t: int, scale: float, suffix: str) -> int:
     new.quantization = q
     sg.tensors.append(new)
     return len(sg.tensors) - 1
-
-
-def _opcode(model, builtin: int, add: bool = False) -> int:
-    """The index of `builtin` among the model's operator codes (-1 if absent), appended when `add`."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    for i, c in enumerate(model.operatorCodes):
-        if max(c.builtinCode, c.deprecatedBuiltinCode) == builtin:
-            return i
-    if not add:
-        return -1
-    code = schema.OperatorCodeT()
-    # version 2 of QUANTIZE / DEQUANTIZE: int8 (version 1 knows uint8 only)
-    code.builtinCode, code.deprecatedBuiltinCode, code.version = builtin, min(builtin, 127), 2
-    model.operatorCodes.append(code)
-    return len(model.operatorCodes) - 1
