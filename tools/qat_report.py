@@ -65,7 +65,7 @@ def self_consistency(qat_target: Path, texts: list[str], prompt_len: int = 32, t
             out = model(torch.tensor([ids[:prompt_len + 1]]), use_cache=True)
             steps = [out.logits[0, -1]]
             for t in ids[prompt_len + 1:]:
-                out = model(torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
+                out = model(torch.tensor([[t]]), cache=out.cache, use_cache=True)
                 steps.append(out.logits[0, -1])
             agree, total = agree + int((full == torch.stack(steps).argmax(-1)).sum()), total + len(full)
     return {"transformers_full_vs_cached_top1": agree / total, "positions": total,
