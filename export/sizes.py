@@ -11,8 +11,9 @@ calibration, so they are predicted exactly.
 
 Memory, per backend (one runtime): the weights every call of a graph reads (resident), the tables read a row per
 token (memory-mapped: only the rows used are paged in), the graph structure, and the KV cache the runtime
-preallocates: every KV-owning layer at the full capacity, float32 (runtime/backends/: both backends hold sliding
-layers at the capacity too, though a sliding layer reads only its last window of it).
+preallocates, float32: a full-attention layer at the full capacity; a sliding-window layer at the capacity on
+LiteRT (its graphs write at the position), and on ONNX as the host's ring (runtime/backends/window_kv.py: its window
+and one verify call to start with, growing with the answer).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ class Memory:
     mapped: int  # tables read a row per token: memory-mapped, only the rows used are paged in
     structure: int  # graph files' bytes that are not weights (ops, protobuf, alignment): resident
     kv: int  # the KV cache, as the runtime preallocates it
-    kv_window: int  # the KV cache if sliding layers held only their window (no runtime does today)
+    kv_window: int  # the KV cache if sliding layers held only their window
+    sliding_held: int | None = None  # positions a sliding layer starts with (a ring), None: the capacity
 
     @property
     def resident(self) -> int:
@@ -165,8 +167,10 @@ def _memory_lines(m: Memory, capacity: int, layers: int, window: int) -> list[st
             ("weights read per drafter step", m.drafter_read, "its gathered table is counted as mapped"),
             ("tables, memory-mapped", m.mapped, "a row per token is read: resident only as used"),
             ("graph structure", m.structure, "ops, protobuf, alignment"),
-            ("KV cache", m.kv, f"{layers} layers x {capacity} positions, float32 (sliding layers held at "
-                               f"their window of {window}: {human_bytes(m.kv_window)})"),
+            ("KV cache", m.kv, f"{layers} layers, float32: full-attention at {capacity} positions, sliding in a ring of "
+                               f"{m.sliding_held} (window {window}, one verify), growing with the answer"
+             if m.sliding_held else f"{layers} layers x {capacity} positions, float32 (sliding layers held at "
+                                    f"their window of {window}: {human_bytes(m.kv_window)})"),
             ("resident", m.resident, "weights read, structure and KV cache; the mapped tables add the rows used")]
     return [f"  decoding at --max-cache-len {capacity}, one runtime:",
             *(f"    {name:<30}{_size(n)}  {why}" for name, n, why in rows)]
@@ -186,7 +190,8 @@ def backend_plans(cfg, sources: tuple, adapters: tuple, configs: tuple, low_bit:
         held = weights[kind] if weights else read_weights(sources, adapters, configs, kind)
         job = SizeJob(cfg, held, plans, configs[0], configs[1], sources[0].folder, layers, rounded)
         files = tuple(backend_module(kind).plan_files(job))
-        backends[kind] = BackendPlan(kind, files, memory(files, layers, cfg.max_cache_len, configs[0].sliding_window))
+        backends[kind] = BackendPlan(kind, files, memory(files, layers, cfg.max_cache_len, configs[0].sliding_window,
+                                                         ring=kind == "onnx"))
     return backends
 
 
@@ -281,10 +286,15 @@ def kv_bytes(layers, capacity: int, window: int | None = None) -> int:
                                                         d.type == "sliding_attention" else capacity) for d in layers)
 
 
-def memory(files: tuple[PlannedFile, ...], layers, capacity: int, sliding_window: int) -> Memory:
-    """A runtime's memory for these files: packages (the LiteRT bundle, for LiteRT-LM) are not loaded beside them."""
+def memory(files: tuple[PlannedFile, ...], layers, capacity: int, sliding_window: int, ring: bool = False) -> Memory:
+    """A runtime's memory for these files: packages (the LiteRT bundle, for LiteRT-LM) are not loaded beside them.
+    ring: its sliding layers start at their window and one verify call (the ONNX host's WindowKV)."""
+    from mtpkit.runtime.backends.window_kv import VERIFY_ROOM
+
+    held = sliding_window + 1 + VERIFY_ROOM if ring else None  # the drafter reads W + 1 (manifest kv_cache)
     loaded = [f for f in files if f.side is not None]
     read = {side: sum(f.read for f in loaded if f.side == side) for side in ("target", "drafter")}
     return Memory(target_read=read["target"], drafter_read=read["drafter"], mapped=sum(f.rows for f in loaded),
-                  structure=sum(f.bytes - f.read - f.rows for f in loaded), kv=kv_bytes(layers, capacity),
-                  kv_window=kv_bytes(layers, capacity, sliding_window))
+                  structure=sum(f.bytes - f.read - f.rows for f in loaded), kv=kv_bytes(layers, capacity, held),
+                  kv_window=kv_bytes(layers, capacity, sliding_window),
+                  sliding_held=min(capacity, held) if held else None)

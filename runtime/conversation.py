@@ -2,7 +2,8 @@
 
 The messages are rendered with the export's chat template every turn, and the engine prefills only the ids after
 the longest common prefix with what its cache holds (Engine.cached_prefix): an edited or regenerated turn rewinds to
-where the history first differs, the way a rejected draft rewinds. The tokens of every turn are therefore the tokens
+where the history first differs, the way a rejected draft rewinds, where the cache still holds the window before it
+(on ONNX a sliding layer keeps the last answer and its window: an edit before that prefills again). The tokens of every turn are therefore the tokens
 a fresh prefill of the whole rendered conversation gives. An answer this conversation generated renders as the ids
 it generated, not its text re-tokenized (TextCodec.encode_chat's kept), so the cache holds it as the history renders
 it; an answer whose text was edited renders as text. save() writes the history with those ids, and load() restores

@@ -165,7 +165,8 @@ class Engine:
     def cached_prefix(self, prompt_ids: list[int]) -> int:
         """How many leading ids of prompt_ids the cache holds already: the longest common prefix with what the
         last generate left there (nothing if a target call ran since), less one: the last id is always run, its
-        logits give the first token. Positions are a rewind: what lies past the prefix is overwritten."""
+        logits give the first token. Positions are a rewind: what lies past the prefix is overwritten. Nothing
+        either where the cache no longer holds what a call at the prefix's end reads (KVStore.resumable)."""
         ids, calls = self.held
         if calls != self.untimed[0].calls:
             return 0
@@ -174,7 +175,8 @@ class Engine:
             if a != b:
                 n -= 1
                 break
-        return max(0, min(n, len(prompt_ids) - 1))
+        n = max(0, min(n, len(prompt_ids) - 1))
+        return n if self.kv.resumable(n) else 0  # a sliding-window ring may no longer hold the window before n
 
     def run(self, prompt_ids: list[int], cfg: GenConfig) -> Stats:
         """Generate to the end for the stats alone (timings, acceptance, calls); the tokens are dropped."""
@@ -194,6 +196,7 @@ class Engine:
         eos = set(self.manifest.eos_ids)
         schedule = self.schedule(cfg) if cfg.mtp else None  # before counting calls: auto may calibrate first
         start = self.cached_prefix(prompt_ids) if reuse else 0
+        self.kv.keep_from(len(prompt_ids))  # a sliding-window ring keeps the answer, not the whole prompt
         stats.prompt_tokens, stats.cached_tokens = len(prompt_ids), start
         t0, d0 = self.target.calls, self.drafter.calls
         self.target.opening = True

@@ -100,11 +100,15 @@ def test_an_edited_history_and_a_regenerated_answer_rewind_to_where_they_differ(
     assert stats.cached_tokens == len(before) - 1  # nothing new: only the last id runs again
     conversation.messages[2]["content"] = "a different second question"  # edit an earlier user turn
     conversation.messages.pop()
+    differs = next(i for i, (a, b) in enumerate(zip(before, conversation.fit(cfg))) if a != b)
+    # ONNX's sliding layers keep a ring of the last answer and its window: an edit before it prefills again
+    # (tests/test_window_kv.py); LiteRT keeps every position
+    resumable = kept.kv.resumable(differs)
+    assert resumable or backend == "onnx"
     stats = Stats()
     edited = list(conversation.reply(cfg, stats))
     assert edited == _fresh(fresh, conversation.prompt_ids, cfg)
-    differs = next(i for i, (a, b) in enumerate(zip(before, conversation.prompt_ids)) if a != b)
-    assert stats.cached_tokens == differs  # rewound to the first id that changed
+    assert stats.cached_tokens == (differs if resumable else 0)  # rewound to the first id that changed
 
 
 def test_a_call_between_turns_voids_the_cached_prefix(tiny_exports):

@@ -25,8 +25,8 @@ def test_the_plan_holds_every_onnx_file_and_the_runtimes_kv_cache(tiny_exports, 
     assert set(sizes) == {"target.onnx", "embeddings.bin", "drafter.onnx"}
     for file, (planned, written) in sizes.items():
         assert abs(planned - written) <= TOLERANCE * written, (file, planned, written)
-    buffers = Engine(folder, threads=1).kv.buffers
-    assert plan.backends["onnx"].memory.kv == sum(a.nbytes for pair in buffers.values() for a in pair)
+    stores = Engine(folder, threads=1).kv.stores.values()  # before any call: sliding layers at their first ring
+    assert plan.backends["onnx"].memory.kv == sum(s.k.nbytes + s.v.nbytes for s in stores)
 
 
 class _Counted:

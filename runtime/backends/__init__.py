@@ -44,6 +44,14 @@ class KVStore(Protocol[View_co]):
     def drafter_view(self, pos: int, mode: str) -> View_co:
         """What the drafter may read when drafting for the newest token at `pos`."""
 
+    def resumable(self, pos: int) -> bool:
+        """Whether a call may start at `pos` on what the cache holds (a sliding-window ring forgets old positions);
+        where not, the caller prefills from the start."""
+
+    def keep_from(self, pos: int) -> None:
+        """Keep positions from `pos` on readable (a generate's answer), and the window before it; a store that
+        keeps every position does nothing."""
+
     def write(self, layer: int, key: np.ndarray, value: np.ndarray) -> None:
         """Overwrite positions 0..S-1 of layer's cache with K and V given as [1, h, S, d] (the export's graph check
         feeds the drafter PyTorch's own K/V this way)."""

@@ -224,6 +224,13 @@ class StateKV:
         self.graph.caches[("kv_value", layer)].write(v)
         self.version += 1
 
+    def resumable(self, pos: int) -> bool:
+        """Every layer holds every position up to its capacity: a call may start at any position written."""
+        return True
+
+    def keep_from(self, pos: int) -> None:
+        """Every position is kept (see KVStore.keep_from)."""
+
     def causal_mask(self, pos: int, count: int) -> np.ndarray:
         """[1,1,count,C]: row i (query at pos+i) sees every slot <= pos+i; the graph adds the sliding window."""
         slots = np.arange(self.capacity)

@@ -1,9 +1,9 @@
 """ONNX Runtime backend: window KV I/O (past window in, the T new entries out) into host buffers.
 
-Host-side KV state is one preallocated [1, kv_heads, capacity, head_dim] buffer per KV-owning target layer.
-A target call at `pos` writes its new entries at pos..pos+T-1 (a position-indexed write). Rollback after a
-rejected draft is only a rewind of the caller's `pos`: masks come from absolute positions, so slots beyond it
-are never read until they are overwritten.
+The host keeps each KV-owning target layer's cache (window_kv.py: full-attention layers at every position,
+sliding-window layers in a ring of their window). A target call at `pos` writes its new entries at
+pos..pos+T-1 (a position-indexed write). Rollback after a rejected draft is only a rewind of the caller's `pos`:
+masks come from absolute positions, so entries beyond it are never read until they are overwritten.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Callable, TypeAlias, cast
 import numpy as np
 
 from ..embedding_table import QuantizedTable
-from ..handoff import CacheFullError, LastCall, drafter_ranges
 from ..manifest import Backend, Manifest, ManifestError, OnnxOptions
 from . import Drafter as DrafterProtocol
 from . import Feeds, GraphTensors, LoadOptions, check_signatures
 from . import Target as TargetProtocol
+from .window_kv import WindowKV
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -139,58 +139,6 @@ def _check_version(installed: str, needed: str | None) -> None:
     if needed and release(installed) < release(needed):
         raise ManifestError(f"this export's ONNX graphs need onnxruntime >= {needed} (installed {installed}): "
                             "upgrade onnxruntime, or for fused float graphs re-export with --no-fuse")
-
-
-class WindowKV:
-    """The host's KV buffers; hands each call its past window and each drafter step its visible entries."""
-
-    def __init__(self, manifest: Manifest):
-        spec = manifest.kv_cache
-        self.capacity = spec.capacity
-        self.types = {d.layer: d.type for d in manifest.kv_layers}
-        self.buffers = {d.layer: (np.zeros((1, d.kv_heads, self.capacity, d.head_dim), np.float32),
-                                  np.zeros((1, d.kv_heads, self.capacity, d.head_dim), np.float32))
-                        for d in manifest.kv_layers}
-        self.sliding_past = spec.sliding_past  # W-1: what a sliding layer needs of the past
-        self.drafter_sliding = spec.drafter_sliding_visible  # W+1: what the drafter's sliding layers see
-        self.drafter_layers = {t: int(i) for t, i in spec.drafter_layers.items()}
-        self.last = LastCall()
-        # per layer: its buffers and feed/output keys, resolved once (a target call touches every layer twice)
-        self._layers = [(k, v, self.types[layer] != "full_attention", ("past_key", layer), ("past_value", layer),
-                         ("new_key", layer), ("new_value", layer)) for layer, (k, v) in self.buffers.items()]
-
-    def windows(self, pos: int) -> Feeds:
-        """Every layer's past window for a target call at `pos`, keyed as the call's feeds."""
-        lo, feeds = max(0, pos - self.sliding_past), Feeds()
-        for k, v, sliding, kkey, vkey, _, _ in self._layers:
-            start = lo if sliding else 0
-            feeds[kkey], feeds[vkey] = _contiguous(k[:, :, start:pos]), _contiguous(v[:, :, start:pos])
-        return feeds
-
-    def commit(self, pos: int, count: int, out: Feeds) -> None:
-        """Write a call's new entries of every layer at pos..pos+count-1."""
-        end = pos + count
-        for k, v, _, _, _, knew, vnew in self._layers:
-            k[:, :, pos:end] = out[knew]
-            v[:, :, pos:end] = out[vnew]
-
-    def write(self, layer: int, key: np.ndarray, value: np.ndarray) -> None:
-        k, v = self.buffers[layer]
-        k[:, :, :key.shape[2]], v[:, :, :value.shape[2]] = key, value
-
-    def check_room(self, pos: int, count: int) -> None:
-        if pos + count > self.capacity:
-            raise CacheFullError(
-                f"KV cache full: {pos + count} positions needed, export capacity is {self.capacity}; "
-                "shorten the prompt or --max-new-tokens, or re-export with a larger --max-cache-len")
-
-    def drafter_view(self, pos: int, mode: str) -> StoreView:
-        """Store-layer K/V per layer type, as the drafter sees them when drafting for the token at `pos`."""
-        view = {}
-        for layer_type, (lo, hi) in drafter_ranges(pos, mode, self.last, self.sliding_past, self.drafter_sliding).items():
-            k, v = self.buffers[self.drafter_layers[layer_type]]
-            view[layer_type] = (_contiguous(k[:, :, lo:hi]), _contiguous(v[:, :, lo:hi]))
-        return view
 
 
 class Embeddings:
@@ -318,7 +266,3 @@ def _time_calls(session: OrtSession, kv: WindowKV, embed: Embeddings, repeats: i
             times["target"].append(t1 - t0)
             times["drafter"].append(time.perf_counter() - t1)
     return times
-
-
-def _contiguous(a: np.ndarray) -> np.ndarray:
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
