@@ -36,13 +36,15 @@ class Engine(val manifest: ModelManifest, val target: Target, val drafter: Draft
     /**
      * How many leading ids of [promptIds] the cache holds already: the longest common prefix with what the last
      * generate left there, less one: the last id is always run, its logits give the first token. Positions are a
-     * rewind: what lies past the prefix is overwritten.
+     * rewind: what lies past the prefix is overwritten. Nothing either where the cache no longer holds what a call
+     * at the prefix's end reads ([Target.resumable]).
      */
     fun cachedPrefix(promptIds: IntArray): Int {
         if (heldCalls != target.calls) return 0
         var n = 0
         while (n < heldIds.size && n < promptIds.size && heldIds[n] == promptIds[n]) n++
-        return maxOf(0, minOf(n, promptIds.size - 1))
+        n = maxOf(0, minOf(n, promptIds.size - 1))
+        return if (target.resumable(n)) n else 0 // a sliding-window ring may no longer hold the window before n
     }
 
     /**
@@ -59,6 +61,7 @@ class Engine(val manifest: ModelManifest, val target: Target, val drafter: Draft
         val schedule = if (cfg.mtp) schedule(cfg) else null
         return sequence {
             val start = if (reuse) cachedPrefix(promptIds) else 0
+            target.keepFrom(promptIds.size) // a sliding-window ring keeps the answer, not the whole prompt
             stats.promptTokens = promptIds.size
             stats.cachedTokens = start
             val tokens = if (schedule != null) {

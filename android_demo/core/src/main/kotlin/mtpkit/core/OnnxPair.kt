@@ -48,6 +48,10 @@ class WindowTarget(manifest: ModelManifest, private val session: GraphSession, p
     }
 
     override fun drafterView(pos: Int): DrafterView = kv.drafterView(pos)
+
+    override fun keepFrom(pos: Int) = kv.keepFrom(pos)
+
+    override fun resumable(pos: Int): Boolean = kv.resumable(pos)
 }
 
 class WindowDrafter(manifest: ModelManifest, private val session: GraphSession, private val embed: Embeddings) : Drafter {

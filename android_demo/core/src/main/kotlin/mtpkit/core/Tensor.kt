@@ -40,6 +40,13 @@ interface Target {
 
     /** What the drafter may read when drafting for the newest token at [pos] (clean hand-off: positions < pos). */
     fun drafterView(pos: Int): DrafterView
+
+    /** Keep positions from [pos] on readable (the answer a generate adds); a cache that keeps every position need
+     *  not do anything. */
+    fun keepFrom(pos: Int) {}
+
+    /** Whether a call may start at [pos] on what the cache holds (a sliding-window ring forgets old positions). */
+    fun resumable(pos: Int): Boolean = true
 }
 
 /** The drafter as the loop sees it; it has no cache of its own, so there is nothing to roll back. */

@@ -57,6 +57,29 @@ class WindowKvTest {
     }
 
     @Test
+    fun aRingReadsWhatAFullBufferReadsThroughRewindsAndGrowth() {
+        val kv = WindowKv(tinyManifest(capacity = 200)) // a ring of W + 1 + VERIFY_ROOM = 21 slots to begin with
+        val rng = java.util.Random(0)
+        kv.keepFrom(40)
+        kv.write(0, 0, entries(2, 2, 0, 40, 0), entries(2, 2, 0, 40, 2000)) // a prompt longer than the ring
+        assertEquals(21, kv.slidingSlots())
+        var pos = 40
+        repeat(20) {
+            val count = 1 + rng.nextInt(6)
+            kv.write(0, pos, entries(2, 2, pos, count, 0), entries(2, 2, pos, count, 2000))
+            pos += 1 + rng.nextInt(count) // accepted drafts, then a rewind of the rest
+            val (k, v) = kv.past(0, pos) // the last W-1 = 2 positions
+            assertEquals(listOf(100 + pos - 2, 100 + pos - 1), held(k, 1))
+            assertEquals(listOf(2000 + pos - 2, 2000 + pos - 1), held(v, 0))
+            val view = kv.drafterView(pos).getValue("sliding_attention").first // the last W+1 = 4
+            assertEquals((pos - 4 until pos).toList(), held(view, 0))
+            assertEquals(true, kv.resumable(40))
+        }
+        assertEquals(true, kv.slidingSlots() < 200) // the answer and its window, not the capacity
+        assertEquals(false, kv.resumable(30)) // the prompt's middle is gone: a turn that differs there prefills again
+    }
+
+    @Test
     fun refusesToWritePastCapacity() {
         val kv = WindowKv(tinyManifest(capacity = 8))
         kv.checkRoom(4, 4)
