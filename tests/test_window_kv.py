@@ -77,10 +77,11 @@ def test_chat_that_differs_before_the_ring_prefills_again(tiny_exports):
 
     export = tiny_exports("e2b_gemma4_centroid")
     engine = Engine(export, threads=1, backend="onnx")
+    cfg = GenConfig(max_new_tokens=8, num_assistant_tokens=3)  # constant k: no timing calls, which keep everything
     first = [2, *range(10, 90)]
-    list(engine.generate(first, GenConfig(max_new_tokens=8), reuse=True))
+    list(engine.generate(first, cfg, reuse=True))
     edited = first[:20] + [7] + first[21:]
     assert not engine.kv.resumable(20) and engine.cached_prefix(edited) == 0
-    again = [t for t, _ in engine.generate(edited, GenConfig(max_new_tokens=8), reuse=True)]
-    fresh = [t for t, _ in Engine(export, threads=1, backend="onnx").generate(edited, GenConfig(max_new_tokens=8))]
+    again = [t for t, _ in engine.generate(edited, cfg, reuse=True)]
+    fresh = [t for t, _ in Engine(export, threads=1, backend="onnx").generate(edited, cfg)]
     assert again == fresh
