@@ -289,12 +289,12 @@ def kv_bytes(layers, capacity: int, window: int | None = None) -> int:
 def memory(files: tuple[PlannedFile, ...], layers, capacity: int, sliding_window: int, ring: bool = False) -> Memory:
     """A runtime's memory for these files: packages (the LiteRT bundle, for LiteRT-LM) are not loaded beside them.
     ring: its sliding layers start at their window and one verify call (the ONNX host's WindowKV)."""
-    from mtpkit.runtime.backends.window_kv import VERIFY_ROOM
+    from mtpkit.runtime.backends.window_kv import first_ring
 
-    held = sliding_window + 1 + VERIFY_ROOM if ring else None  # the drafter reads W + 1 (manifest kv_cache)
+    held = first_ring(capacity, sliding_window + 1) if ring else None  # the drafter reads W + 1 (manifest kv_cache)
     loaded = [f for f in files if f.side is not None]
     read = {side: sum(f.read for f in loaded if f.side == side) for side in ("target", "drafter")}
     return Memory(target_read=read["target"], drafter_read=read["drafter"], mapped=sum(f.rows for f in loaded),
                   structure=sum(f.bytes - f.read - f.rows for f in loaded), kv=kv_bytes(layers, capacity, held),
                   kv_window=kv_bytes(layers, capacity, sliding_window),
-                  sliding_held=min(capacity, held) if held else None)
+                  sliding_held=held)

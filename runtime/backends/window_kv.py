@@ -18,6 +18,11 @@ from ..manifest import Manifest
 VERIFY_ROOM = 17  # a ring's first room beyond the window: one verify at the default --max-draft 16; it grows
 
 
+def first_ring(capacity: int, drafter_sliding: int) -> int:
+    """A sliding layer's first ring: what the drafter reads (W + 1) and one verify call, within the capacity."""
+    return min(capacity, drafter_sliding + VERIFY_ROOM)
+
+
 class Full:
     """A full-attention layer's K and V at every position."""
 
@@ -75,13 +80,10 @@ class Ring:
         if size <= self.size:
             return
         k, v = self.read(self.lo, self.end)
-        lo, end = self.lo, self.end
         self.size = min(cap, max(size, 2 * self.size))
         self.k = np.zeros(self.k.shape[:2] + (self.size, self.k.shape[3]), np.float32)
         self.v = np.zeros_like(self.k)
-        self.lo = self.end = lo
-        self.write(lo, k, v)
-        self.lo, self.end = lo, end
+        self.write(self.lo, k, v)  # the held range fits: lo and end stay as they are
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
@@ -99,7 +101,7 @@ class WindowKV:
         self.drafter_layers = {t: int(i) for t, i in spec.drafter_layers.items()}
         self.last = LastCall()
         self.keep = 0  # keep_from
-        ring = min(self.capacity, self.drafter_sliding + VERIFY_ROOM)
+        ring = first_ring(self.capacity, self.drafter_sliding)
         self.stores: dict[int, Full | Ring] = {
             d.layer: Full(d.kv_heads, self.capacity, d.head_dim) if d.type == "full_attention"
             else Ring(d.kv_heads, ring, d.head_dim) for d in manifest.kv_layers}
